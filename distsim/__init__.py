@@ -1,0 +1,43 @@
+"""distsim: predict hybrid-parallel DNN training from a few profiled events.
+
+The public API::
+
+    from distsim import get_model, get_cluster, Strategy, simulate
+    result = simulate(get_model("gpt2-345m"), get_cluster("distsim-testbed"),
+                      Strategy.from_str("2M4P2D", num_micro_batches=8))
+    result.iteration_time_s, result.timeline.df, result.per_gpu
+
+The simulator core (models, cluster, strategy, schedules, events, engine, timeline) does not import torch.
+"""
+
+from __future__ import annotations
+
+from distsim.cluster import Cluster, get_cluster
+from distsim.costs import AnalyticCosts, ProfileCosts
+from distsim.errors import DistsimError
+from distsim.events import FlowOptions
+from distsim.models import Model, get_model
+from distsim.schedules import Schedule, build_schedule, format_grid
+from distsim.simulate import SimResult, simulate
+from distsim.strategy import Strategy
+from distsim.timeline import Timeline
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnalyticCosts",
+    "Cluster",
+    "DistsimError",
+    "FlowOptions",
+    "Model",
+    "ProfileCosts",
+    "Schedule",
+    "SimResult",
+    "Strategy",
+    "Timeline",
+    "build_schedule",
+    "format_grid",
+    "get_cluster",
+    "get_model",
+    "simulate",
+]

@@ -1,0 +1,409 @@
+"""Command line: ``distsim simulate | models | clusters | schedule``.
+
+Mistakes in the input (unknown model, invalid strategy, malformed file, unwritable output) print one line on stderr
+and exit with status 2; ``--help`` on every command explains the options with examples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from distsim.errors import DistsimError
+
+GB = 1e9
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _parse_stragglers(values: tuple[str, ...]) -> dict[int, float]:
+    out = {}
+    for v in values:
+        gpu, sep, factor = v.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(gpu)] = float(factor)
+        except ValueError:
+            raise DistsimError(f"--straggler expects GPU=FACTOR (e.g. 3=1.5), got {v!r}") from None
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="distsim")
+def cli() -> None:
+    """Predict hybrid-parallel training (tensor x pipeline x data) before renting the cluster.
+
+    \b
+    Examples:
+      distsim models                       # built-in workloads
+      distsim clusters                     # built-in clusters
+      distsim simulate --model gpt2-345m --cluster distsim-testbed --strategy 2M4P2D \\
+          --micro-batches 8 --schedule 1f1b --trace out.json --plot out.png
+      distsim schedule --schedule 1f1b --pp 4 --micro-batches 8
+    """
+
+
+@cli.command()
+@click.option(
+    "--model",
+    "-m",
+    "model_name",
+    required=True,
+    metavar="NAME|FILE",
+    help="Zoo model (see `distsim models`) or a YAML/JSON model file.",
+)
+@click.option(
+    "--cluster",
+    "-c",
+    "cluster_name",
+    required=True,
+    metavar="NAME|FILE",
+    help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file.",
+)
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
+@click.option(
+    "--strategy",
+    "-s",
+    "strategy_text",
+    required=True,
+    metavar="xMyPzD",
+    help="Degrees in DistSim notation (2M4P2D = tp 2, pp 4, dp 2) or 'tp=2 pp=4 dp=2'.",
+)
+@click.option(
+    "--micro-batches",
+    "micro_batches",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Micro-batches per iteration per replica (M). [default: 1]",
+)
+@click.option(
+    "--micro-batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Samples per micro-batch. [default: 1]",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["gpipe", "1f1b", "interleaved"]),
+    default=None,
+    help="Pipeline schedule. [default: 1f1b]",
+)
+@click.option(
+    "--virtual-stages",
+    type=click.IntRange(min=2),
+    help="Model chunks per rank for --schedule interleaved. [default: 2]",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["A", "B"], case_sensitive=False),
+    default=None,
+    help="DAPPLE 1F1B warm-up: A, K_i=min(S-i,D); B, K_i=min(2(S-i)-1,D). [default: A]",
+)
+@click.option("--max-in-flight", type=click.IntRange(min=1), help="DAPPLE's D: most micro-batches a stage holds.")
+@click.option(
+    "--grad-sync",
+    type=click.Choice(["bulk", "wfbp"]),
+    default=None,
+    help="Gradient all-reduce: bulk after backward (DistSim) or per layer overlapped (WFBP). [default: bulk]",
+)
+@click.option("--partition", metavar="N:N:...", help="Layers per (virtual) stage, e.g. 23:25. [default: balanced]")
+@click.option(
+    "--p2p",
+    "p2p_mode",
+    type=click.Choice(["nonblocking", "blocking"]),
+    default="nonblocking",
+    show_default=True,
+    help="blocking: a send occupies the sender's compute stream (DistSim Algorithm 1).",
+)
+@click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
+@click.option(
+    "--straggler",
+    multiple=True,
+    metavar="GPU=FACTOR",
+    help="Make a GPU's compute FACTOR x slower (repeatable).",
+)
+@click.option("--full", is_flag=True, help="Simulate every GPU even when replicas are symmetric.")
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Profile database (JSON) with measured event times. [default: analytic estimates]",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="With --profile: fail if an event was not profiled instead of estimating it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the summary.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write a Chrome/Perfetto trace (JSON).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write a Gantt chart (PNG/SVG/PDF).",
+)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the timeline as CSV.")
+@click.option(
+    "--all-gpus",
+    is_flag=True,
+    help="Write every GPU's rows to --trace/--csv (default: one row set per group of identical GPUs).",
+)
+@click.option("--show-schedule", is_flag=True, help="Also print the schedule as a step x rank grid.")
+def simulate(**kw: Any) -> None:
+    """Simulate one training iteration and summarise it.
+
+    \b
+    Example (GPT-2 345M on DistSim's 16-GPU testbed, 1F1B with 8 micro-batches):
+      distsim simulate --model gpt2-345m --cluster distsim-testbed --strategy 2M4P2D \\
+          --micro-batches 8 --schedule 1f1b --trace gpt2.json --plot gpt2.png
+    Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
+    """
+    from distsim.costs import AnalyticCosts, ProfileCosts
+    from distsim.events import FlowOptions
+    from distsim.io import load_cluster, load_model, load_profile
+    from distsim.simulate import simulate as run_simulation
+    from distsim.strategy import Strategy
+
+    model = load_model(kw["model_name"])
+    cluster = load_cluster(kw["cluster_name"])
+    if kw["nodes"]:
+        cluster = cluster.with_nodes(kw["nodes"])
+    if kw["straggler"]:
+        cluster = cluster.with_slowdown(_parse_stragglers(kw["straggler"]))
+    overrides: dict[str, Any] = {}
+    for opt, field_name in (
+        ("micro_batches", "num_micro_batches"),
+        ("micro_batch_size", "micro_batch_size"),
+        ("schedule", "schedule"),
+        ("virtual_stages", "virtual_stages"),
+        ("policy", "warmup_policy"),
+        ("max_in_flight", "max_in_flight"),
+        ("grad_sync", "grad_sync"),
+    ):
+        if kw[opt] is not None:
+            overrides[field_name] = kw[opt]
+    if kw["partition"]:
+        try:
+            overrides["partition"] = tuple(int(x) for x in kw["partition"].replace("/", ":").split(":"))
+        except ValueError:
+            raise DistsimError(f"--partition expects layer counts like 23:25, got {kw['partition']!r}") from None
+    strategy = Strategy.from_str(kw["strategy_text"], **overrides)
+    costs = AnalyticCosts(cluster)
+    if kw["profile_path"]:
+        costs = ProfileCosts(load_profile(kw["profile_path"]), costs, strict=kw["strict"])
+    elif kw["strict"]:
+        raise DistsimError("--strict needs --profile")
+    options = FlowOptions(
+        p2p_blocking=kw["p2p_mode"] == "blocking",
+        symmetric=False if kw["full"] else None,
+        rank_order=kw["rank_order"],
+    )
+    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
+        click.echo(
+            f"note: {strategy.num_micro_batches} micro-batch(es) for {strategy.pp} pipeline stages leaves most "
+            "of the pipeline idle; pass --micro-batches",
+            err=True,
+        )
+    result = run_simulation(model, cluster, strategy, costs, options)
+    _write_outputs(result, kw)
+    if kw["as_json"]:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(_summary(result))
+    if kw["show_schedule"]:
+        from distsim.schedules import format_grid
+
+        click.echo("\nschedule (unit time, F and B one step each):\n" + format_grid(result.flow.schedule))
+
+
+def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
+    from distsim.io import write_csv, write_figure, write_json
+
+    timeline = result.full_timeline() if kw["all_gpus"] else result.timeline
+    title = f"{result.model.name} {result.strategy} on {result.cluster.name}"
+    if kw["trace_path"]:
+        write_json(kw["trace_path"], timeline.to_chrome_trace(title))
+    if kw["csv_path"]:
+        write_csv(kw["csv_path"], timeline.df)
+    if kw["plot_path"]:
+        from distsim.plots import gantt
+
+        ax = gantt(result.timeline, title=f"{title}: {_fmt_time(result.iteration_time_s)} per iteration")
+        write_figure(kw["plot_path"], ax.figure)
+
+
+def _summary(r: Any) -> str:
+    s, m, c = r.strategy, r.model, r.cluster
+    lines = [
+        f"{m.name} on {c.name} ({c.describe()})",
+        f"strategy {s} ({s.describe()}), global batch {s.global_batch_size}",
+        "",
+        f"  iteration time     {_fmt_time(r.iteration_time_s)}",
+    ]
+    tput = f"{r.throughput_samples_per_s:,.1f} samples/s"
+    if r.throughput_tokens_per_s is not None:
+        tput += f", {r.throughput_tokens_per_s:,.0f} tokens/s"
+    lines.append(f"  throughput         {tput}")
+    lines.append(f"  bubble fraction    {100 * r.bubble_fraction:.1f} % (mean idle share of the iteration)")
+    lines.append(f"  exposed comm       {_fmt_time(r.exposed_comm_s)} per GPU (mean)")
+    worst = max(r.memory, key=lambda x: x.total_bytes)
+    verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
+    states = worst.params_bytes + worst.grads_bytes + worst.optimizer_bytes
+    lines.append(
+        f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
+        f"on rank {worst.rank} ({verdict}; states {states / GB:.2f} GB, "
+        f"activations {worst.activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
+    )
+    sim = len(r.flow.represents)
+    mode = "symmetric" if r.flow.symmetric else "full"
+    lines.append(
+        f"  events             {r.events_total:,} across {s.num_gpus} GPUs, {r.events_unique} unique "
+        f"({len(r.flow):,} tasks simulated on {sim} GPU{'s' if sim > 1 else ''}, {mode})"
+    )
+    counts = r.source_counts()
+    lines.append(
+        "  event costs        "
+        + ", ".join(f"{n} {src}" for src, n in sorted(counts.items()))
+        + ("" if r.cost_source == "profile" else " (no --profile: analytic estimates)")
+    )
+    if "analytic" in counts and r.cost_source == "profile":
+        lines.append(f"  note               {counts['analytic']} events were not in the profile and were estimated")
+    lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
+    lines.append("")
+    lines.append("  per GPU            compute    exposed comm   idle")
+    stats = {g.gpu: g for g in r.per_gpu}
+    for rep, targets in sorted(r.timeline.represents.items()):
+        g = stats[rep]
+        who = f"GPU {rep}" if len(targets) == 1 else f"GPU {rep} (+{len(targets) - 1} alike)"
+        lines.append(
+            f"  {who:<18} {_fmt_time(g.compute_s):>10} {_fmt_time(g.exposed_comm_s):>14} {_fmt_time(g.idle_s):>10}"
+        )
+    lines.append(f"\nsimulated in {r.wall_time_s:.3f} s")
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def models(as_json: bool) -> None:
+    """List the built-in workloads with their size and source."""
+    from distsim.models import ZOO
+
+    rows = []
+    for name, entry in ZOO.items():
+        m = entry.build()
+        rows.append(
+            {
+                "name": name,
+                "family": entry.family,
+                "layers": m.num_layers,
+                "params": m.params,
+                "description": m.description,
+                "source": m.source,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'name':<14} {'family':<30} {'layers':>6} {'params':>9}  description")
+    for r in rows:
+        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>6} {r['params'] / 1e6:>8.0f}M  {r['description']}")
+    click.echo("\nSources: `distsim models --json`. Your own model: a YAML/JSON file (see README).")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def clusters(as_json: bool) -> None:
+    """List the built-in clusters with their figures and sources."""
+    from distsim.cluster import PRESETS
+
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": n,
+                        "nodes": c.nodes,
+                        "gpus_per_node": c.gpus_per_node,
+                        "gpu": c.gpu.name,
+                        "peak_flops_per_s": c.gpu.peak_flops_per_s,
+                        "memory_bytes": c.gpu.memory_bytes,
+                        "intra_bandwidth_bytes_per_s": c.intra.bandwidth_bytes_per_s,
+                        "inter_bandwidth_bytes_per_s": c.inter.bandwidth_bytes_per_s,
+                        "nics_per_node": c.nics_per_node,
+                        "source": c.source,
+                    }
+                    for n, c in PRESETS.items()
+                ],
+                indent=2,
+            )
+        )
+        return
+    for name, c in PRESETS.items():
+        click.echo(f"{name:<16} {c.describe()}\n{'':<16} source: {c.source}")
+
+
+@cli.command()
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b", show_default=True)
+@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
+@click.option("--micro-batches", type=click.IntRange(min=1), required=True)
+@click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
+@click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), default="A", show_default=True)
+@click.option("--max-in-flight", type=click.IntRange(min=1))
+def schedule(**kw: Any) -> None:
+    """Print a pipeline schedule's action lists and its step x rank grid (unit-time F and B)."""
+    from distsim.schedules import build_schedule, format_grid
+    from distsim.strategy import Strategy
+
+    strategy = Strategy(
+        pp=kw["pp"],
+        num_micro_batches=kw["micro_batches"],
+        schedule=kw["schedule"],
+        virtual_stages=kw["virtual_stages"],
+        warmup_policy=kw["policy"],
+        max_in_flight=kw["max_in_flight"],
+    )
+    sched = build_schedule(strategy)
+    click.echo(str(sched))
+    click.echo("")
+    click.echo(format_grid(sched))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, exit status 2 for bad input."""
+    try:
+        rc = cli.main(args=argv, prog_name="distsim", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("distsim: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "distsim"
+        click.echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(exc.exit_code if exc.exit_code else 2)
+    except DistsimError as exc:
+        click.echo(f"distsim: error: {exc}", err=True)
+        sys.exit(2)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

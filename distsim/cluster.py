@@ -1,0 +1,231 @@
+"""Cluster description: nodes x GPUs, the GPU's speed and memory, and the two link classes.
+
+Links are described per flow. ``intra`` is what one GPU gets to a peer on its node (NVLink through NVSwitch, or
+PCIe). ``inter`` is what one network interface gives; a node has ``nics_per_node`` of them. When k flows leave a
+node at the same time through its NICs, each gets ``inter.bandwidth * min(1, nics_per_node / k)``; the event-flow
+builder knows k from the strategy's structure (how many symmetric peers on a node issue the same transfer at once).
+
+Every preset cites where its figures come from; figures a paper does not state are marked "assumed".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from distsim.errors import ClusterError, UnknownNameError, suggest
+
+GB = 1e9
+Gbit = 1e9 / 8
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator."""
+
+    name: str
+    peak_flops_per_s: float
+    """Dense tensor-core peak for the training dtype, FLOP/s."""
+    memory_bytes: float
+    """Device memory capacity, bytes."""
+    memory_bandwidth_bytes_per_s: float
+    """Device memory bandwidth, bytes/s."""
+    compute_efficiency: float = 0.5
+    """Fraction of peak a large kernel achieves; used only by the analytic estimate (a profile replaces it)."""
+    kernel_overhead_s: float = 10e-6
+    """Fixed cost per compute event (launches, small kernels); analytic estimate only."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link class as one flow sees it."""
+
+    bandwidth_bytes_per_s: float
+    """Bandwidth one flow gets, bytes/s (per direction)."""
+    latency_s: float
+    """Per-message latency (alpha), seconds."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """nodes x gpus_per_node identical GPUs; optional per-GPU slowdowns break symmetry (stragglers)."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GPU
+    intra: Link
+    """GPU-to-GPU inside a node."""
+    inter: Link
+    """One NIC between nodes."""
+    nics_per_node: int = 1
+    source: str = ""
+    slowdown: tuple[tuple[int, float], ...] = field(default=())
+    """(gpu, factor) pairs: that GPU's compute takes factor x as long (a straggler). Empty: all nominal."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ClusterError(f"cluster {self.name!r}: nodes and gpus_per_node must be >= 1")
+        if self.nics_per_node < 1:
+            raise ClusterError(f"cluster {self.name!r}: nics_per_node must be >= 1")
+        for label, value in (
+            ("peak FLOP/s", self.gpu.peak_flops_per_s),
+            ("memory", self.gpu.memory_bytes),
+            ("memory bandwidth", self.gpu.memory_bandwidth_bytes_per_s),
+            ("intra-node bandwidth", self.intra.bandwidth_bytes_per_s),
+            ("inter-node bandwidth", self.inter.bandwidth_bytes_per_s),
+        ):
+            if not value > 0:
+                raise ClusterError(f"cluster {self.name!r}: {label} must be > 0")
+        if not 0 < self.gpu.compute_efficiency <= 1:
+            raise ClusterError(f"cluster {self.name!r}: compute_efficiency must be in (0, 1]")
+        if self.intra.latency_s < 0 or self.inter.latency_s < 0:
+            raise ClusterError(f"cluster {self.name!r}: link latency must be >= 0")
+        for gpu, factor in self.slowdown:
+            if not 0 <= gpu < self.num_gpus:
+                raise ClusterError(f"cluster {self.name!r}: slowdown names GPU {gpu}, which it does not have")
+            if not factor > 0:
+                raise ClusterError(f"cluster {self.name!r}: slowdown factor of GPU {gpu} must be > 0")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def speed_factor(self, gpu: int) -> float:
+        """How many times longer than nominal this GPU's compute takes (1.0 unless it is a straggler)."""
+        for g, factor in self.slowdown:
+            if g == gpu:
+                return factor
+        return 1.0
+
+    def inter_flow_bandwidth(self, concurrent_flows: int) -> float:
+        """Bandwidth of one of k flows leaving a node at once through its NICs."""
+        share = min(1.0, self.nics_per_node / max(1, concurrent_flows))
+        return self.inter.bandwidth_bytes_per_s * share
+
+    def with_nodes(self, nodes: int) -> Cluster:
+        return replace(
+            self,
+            nodes=nodes,
+            slowdown=tuple((g, f) for g, f in self.slowdown if g < nodes * self.gpus_per_node),
+        )
+
+    def with_slowdown(self, slowdown: dict[int, float]) -> Cluster:
+        return replace(self, slowdown=tuple(sorted(slowdown.items())))
+
+    def scaled(self, compute: float = 1.0, bandwidth: float = 1.0) -> Cluster:
+        """A what-if copy: compute `compute` x faster and every link `bandwidth` x wider."""
+        gpu = replace(
+            self.gpu,
+            peak_flops_per_s=self.gpu.peak_flops_per_s * compute,
+            memory_bandwidth_bytes_per_s=self.gpu.memory_bandwidth_bytes_per_s * compute,
+            kernel_overhead_s=self.gpu.kernel_overhead_s / compute,
+        )
+        intra = replace(self.intra, bandwidth_bytes_per_s=self.intra.bandwidth_bytes_per_s * bandwidth)
+        inter = replace(self.inter, bandwidth_bytes_per_s=self.inter.bandwidth_bytes_per_s * bandwidth)
+        return replace(self, gpu=gpu, intra=intra, inter=inter)
+
+    def describe(self) -> str:
+        g = self.gpu
+        return (
+            f"{self.nodes} x {self.gpus_per_node} {g.name} ({g.peak_flops_per_s / TFLOPS:.0f} TFLOP/s, "
+            f"{g.memory_bytes / GB:.0f} GB); intra {self.intra.bandwidth_bytes_per_s / GB:.1f} GB/s, "
+            f"inter {self.nics_per_node} x {self.inter.bandwidth_bytes_per_s / GB:.2f} GB/s"
+        )
+
+
+A40 = GPU("A40", 149.7 * TFLOPS, 48 * GB, 696 * GB)  # NVIDIA A40 datasheet: FP16 tensor 149.7 TF dense
+A10 = GPU("A10", 125 * TFLOPS, 24 * GB, 600 * GB)  # NVIDIA A10 datasheet: FP16 tensor 125 TF dense
+V100_16GB = GPU("V100-SXM2-16GB", 125 * TFLOPS, 16 * GB, 900 * GB)  # V100 datasheet; DAPPLE Table VIII: 16 GB
+A100_80GB = GPU("A100-SXM4-80GB", 312 * TFLOPS, 80 * GB, 2039 * GB)  # A100 datasheet: BF16 312 TF dense
+H100_80GB = GPU("H100-SXM5-80GB", 989 * TFLOPS, 80 * GB, 3350 * GB)  # H100 datasheet: BF16 989 TF dense
+
+PCIE4 = Link(24 * GB, 10e-6)  # PCIe 4.0 x16, ~24 GB/s achieved per direction (assumed)
+IB_100G = Link(100 * Gbit, 5e-6)  # 100 Gb/s InfiniBand (assumed)
+
+_PRESETS: dict[str, Cluster] = {
+    "distsim-testbed": Cluster(
+        "distsim-testbed",
+        4,
+        4,
+        A40,
+        PCIE4,
+        IB_100G,
+        1,
+        source="DistSim (CF'23) Sec. 5.1: 16 A40 on 4 servers; links not stated: PCIe 4.0 and 100 Gb/s IB assumed",
+    ),
+    "distsim-a10": Cluster(
+        "distsim-a10",
+        4,
+        4,
+        A10,
+        PCIE4,
+        IB_100G,
+        1,
+        source="DistSim (CF'23) Sec. 6: 16 A10 on 4 nodes; links not stated: PCIe 4.0 and 100 Gb/s IB assumed",
+    ),
+    "dapple-a": Cluster(
+        "dapple-a",
+        2,
+        8,
+        V100_16GB,
+        Link(130 * GB, 5e-6),
+        Link(25 * Gbit, 20e-6),
+        1,
+        source="DAPPLE (PPoPP'21) Table III config A: 8x V100 NVLink per server (up to 130 GB/s, Sec. V-D), 25 Gb/s",
+    ),
+    "dapple-b": Cluster(
+        "dapple-b",
+        16,
+        1,
+        V100_16GB,
+        Link(130 * GB, 5e-6),
+        Link(25 * Gbit, 20e-6),
+        1,
+        source="DAPPLE (PPoPP'21) Table III config B: 1x V100 per server, 25 Gb/s Ethernet",
+    ),
+    "dapple-c": Cluster(
+        "dapple-c",
+        16,
+        1,
+        V100_16GB,
+        Link(130 * GB, 5e-6),
+        Link(10 * Gbit, 20e-6),
+        1,
+        source="DAPPLE (PPoPP'21) Table III config C: 1x V100 per server, 10 Gb/s Ethernet",
+    ),
+    "dgx-a100": Cluster(
+        "dgx-a100",
+        128,
+        8,
+        A100_80GB,
+        Link(300 * GB, 3e-6),
+        Link(200 * Gbit, 5e-6),
+        8,
+        source="NVIDIA DGX A100 architecture: NVLink3 via NVSwitch 300 GB/s per direction, 8x 200 Gb/s HDR IB; "
+        "128 nodes (1024 GPUs)",
+    ),
+    "dgx-h100": Cluster(
+        "dgx-h100",
+        128,
+        8,
+        H100_80GB,
+        Link(450 * GB, 3e-6),
+        Link(400 * Gbit, 5e-6),
+        8,
+        source="NVIDIA DGX H100: NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB; 128 nodes",
+    ),
+}
+PRESETS = MappingProxyType(_PRESETS)
+
+
+def get_cluster(name: str) -> Cluster:
+    """A built-in cluster by name."""
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise UnknownNameError(f"unknown cluster {name!r}{suggest(name, list(PRESETS))}") from None

@@ -1,0 +1,220 @@
+"""Event keys and event-cost sources.
+
+An event is keyed by what determines its duration (DistSim Sec. 3.1, 4.1): for compute, the block's operator and
+shape, the micro-batch size, the tensor-parallel degree, forward or backward and the dtype; for communication, the
+collective, its bytes, group size, scope (intra/inter node) and how many flows share the node's NICs. Identical
+layers, micro-batches, replicas and tensor-parallel ranks share one key, so they are costed (and profiled) once.
+
+Two sources implement :class:`CostSource`:
+
+* :class:`AnalyticCosts`: a roofline for compute (FLOPs over achieved FLOP/s, or bytes over memory bandwidth) and an
+  alpha-beta model for communication with ring volumes (ring all-reduce 2(N-1)/N of the bytes and 2(N-1) latency
+  steps: MG-WFBP Table II, Thakur et al. 2005). It lets every preset work before anything is profiled.
+* :class:`ProfileCosts`: measured durations from a profile database; collectives without an exact measurement use
+  the alpha-beta fit of their (collective, scope, group size), and groups larger than any profiled one scale the
+  largest profiled group by ring volume, T(N) = T(n) [2(N-1)/N] / [2(n-1)/n] (DistSim Sec. 4.2). Events the profile
+  lacks fall back to the analytic estimate (flagged) or, when strict, raise.
+
+Every cost says where it came from: ``given`` (in the model file), ``measured``, ``fitted``, ``scaled`` or
+``analytic``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from distsim.cluster import Cluster
+from distsim.errors import ProfileError
+from distsim.models.graph import Block
+from distsim.profile_db import ProfileDB
+
+ESTIMATED_SOURCES = ("analytic",)
+
+
+@dataclass(frozen=True)
+class ComputeEvent:
+    block: Block
+    phase: str
+    """``F`` or ``B``."""
+    micro_batch_size: int
+    tp: int
+    dtype: str
+
+    @property
+    def effective_tp(self) -> int:
+        return self.tp if self.block.tp == "shard" else 1
+
+    @property
+    def key(self) -> str:
+        b = self.block
+        key = f"{b.op}[{b.shape_str()}]/{self.phase}/mbs={self.micro_batch_size}/tp={self.effective_tp}/{self.dtype}"
+        if b.has_given_time:
+            key += f"/given={b.fwd_s},{b.bwd_s}"
+        return key
+
+    @property
+    def flops(self) -> float:
+        f = self.block.fwd_flops * self.micro_batch_size / self.effective_tp
+        return f if self.phase == "F" else 2 * f
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    collective: str
+    """``all_reduce``, ``all_gather``, ``reduce_scatter`` or ``p2p``."""
+    nbytes: int
+    group_size: int
+    scope: str
+    """``intra`` or ``inter``."""
+    sharers: int = 1
+    """Concurrent flows leaving the busiest node through its NICs (inter scope only)."""
+
+    @property
+    def key(self) -> str:
+        key = f"{self.collective}/{self.scope}/n={self.group_size}/bytes={self.nbytes}"
+        return key + (f"/share={self.sharers}" if self.sharers > 1 else "")
+
+
+@dataclass(frozen=True)
+class Cost:
+    seconds: float
+    source: str
+
+
+class CostSource(Protocol):
+    name: str
+
+    def compute(self, event: ComputeEvent) -> Cost: ...
+
+    def comm(self, event: CommEvent) -> Cost: ...
+
+    def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost: ...
+
+
+def optimizer_key(shard_params: float, state_bytes_per_param: int) -> str:
+    return f"optimizer/params={round(shard_params)}/state_bytes={state_bytes_per_param}"
+
+
+def ring_volume(collective: str, n: int) -> float:
+    """Bytes each member moves per byte of message (ring algorithms)."""
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def ring_steps(collective: str, n: int) -> int:
+    """Latency terms of the ring algorithm."""
+    if collective == "all_reduce":
+        return 2 * (n - 1)
+    if collective in ("all_gather", "reduce_scatter"):
+        return n - 1
+    return 1
+
+
+def _given(event: ComputeEvent) -> Cost | None:
+    b = event.block
+    if not b.has_given_time:
+        return None
+    value = b.fwd_s if event.phase == "F" else b.bwd_s
+    if value is None:  # only the other phase given: backward defaults to 2x forward and vice versa
+        value = 2 * b.fwd_s if event.phase == "B" else b.bwd_s / 2  # type: ignore[operator]
+    return Cost(value / event.effective_tp, "given")
+
+
+@dataclass
+class AnalyticCosts:
+    """FLOP/bandwidth estimates from the cluster's figures (DistSim Sec. 2.3 shows why these can be off by 40%)."""
+
+    cluster: Cluster
+    name: str = "analytic"
+
+    def compute(self, event: ComputeEvent) -> Cost:
+        given = _given(event)
+        if given is not None:
+            return given
+        gpu = self.cluster.gpu
+        b = event.block
+        io = b.io_bytes * event.micro_batch_size / event.effective_tp
+        weight_bytes = b.params / event.effective_tp * 2
+        moved = io + weight_bytes if event.phase == "F" else 2 * (io + weight_bytes)
+        t_flops = event.flops / (gpu.peak_flops_per_s * gpu.compute_efficiency)
+        t_mem = moved / gpu.memory_bandwidth_bytes_per_s
+        return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic")
+
+    def comm(self, event: CommEvent) -> Cost:
+        link = self.cluster.intra if event.scope == "intra" else self.cluster.inter
+        bandwidth = (
+            link.bandwidth_bytes_per_s if event.scope == "intra" else self.cluster.inter_flow_bandwidth(event.sharers)
+        )
+        n = event.group_size
+        t = (
+            ring_steps(event.collective, n) * link.latency_s
+            + ring_volume(event.collective, n) * event.nbytes / bandwidth
+        )
+        return Cost(t, "analytic")
+
+    def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
+        """An Adam step reads and writes the whole training state once: memory bound."""
+        gpu = self.cluster.gpu
+        return Cost(2 * shard_params * state_bytes_per_param / gpu.memory_bandwidth_bytes_per_s, "analytic")
+
+
+@dataclass
+class ProfileCosts:
+    """Measured costs from a ProfileDB, falling back to `fallback` (flagged) unless strict."""
+
+    db: ProfileDB
+    fallback: AnalyticCosts
+    strict: bool = False
+    name: str = "profile"
+
+    def _missing(self, what: str) -> None:
+        if self.strict:
+            raise ProfileError(f"profile has no measurement for {what} (--strict)")
+
+    def compute(self, event: ComputeEvent) -> Cost:
+        given = _given(event)
+        if given is not None:
+            return given
+        m = self.db.compute.get(event.key)
+        if m is not None:
+            return Cost(m.median_s, "measured")
+        self._missing(f"compute event {event.key}")
+        return self.fallback.compute(event)
+
+    def _alone(self, event: CommEvent) -> Cost | None:
+        """Cost of the collective as one flow (no NIC sharing), from the profile, or None."""
+        c, scope, n = event.collective, event.scope, event.group_size
+        exact = self.db.comm_exact(c, scope, n, event.nbytes)
+        if exact is not None:
+            return Cost(exact.median_s, "measured")
+        fit = self.db.fit(c, scope, n)
+        if fit is not None:
+            return Cost(fit.time_s(event.nbytes), "fitted")
+        candidates = [f for f in self.db.fits if f.collective == c and f.scope == scope]
+        if not candidates or c == "p2p":
+            return None
+        base = min(candidates, key=lambda f: (abs(f.group_size - n), -f.group_size))
+        scale = ring_volume(c, n) / ring_volume(c, base.group_size)
+        return Cost(base.time_s(event.nbytes) * scale, "scaled")
+
+    def comm(self, event: CommEvent) -> Cost:
+        alone = self._alone(event)
+        if alone is None:
+            self._missing(f"{event.collective} over {event.group_size} GPUs ({event.scope}-node)")
+            return self.fallback.comm(event)
+        if event.scope == "inter" and event.sharers > self.fallback.cluster.nics_per_node:
+            fit = self.db.fit(event.collective, event.scope, event.group_size)
+            alpha = fit.alpha_s if fit is not None else 0.0
+            share = event.sharers / self.fallback.cluster.nics_per_node
+            return Cost(alpha + max(alone.seconds - alpha, 0.0) * share, alone.source)
+        return alone
+
+    def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
+        m = self.db.compute.get(optimizer_key(shard_params, state_bytes_per_param))
+        if m is not None:
+            return Cost(m.median_s, "measured")
+        return self.fallback.optimizer(shard_params, state_bytes_per_param)

@@ -1,0 +1,451 @@
+"""Event flow: the task DAG of one training iteration, built hierarchically as in DistSim Sec. 4.3.
+
+1. **Tensor (model) parallelism** maps every block of a layer to a compute event followed, when tp > 1, by an
+   all-reduce over the tp group (forward and backward): :func:`_stage_templates`.
+2. **Pipeline parallelism** walks the schedule (DistSim Algorithm 1): each (stage, F/B, micro-batch) action expands
+   to its stage's events; a forward waits for the previous stage's activation transfer, a backward for the next
+   stage's gradient transfer; after an action the result is sent to the neighbour. A send is *non-blocking* by
+   default (a pure delay on the sender's p2p stream) or, with ``p2p_blocking``, occupies the sender's compute stream
+   as Algorithm 1 puts it in the device's event list.
+3. **Data parallelism** replicates the pipeline and adds gradient synchronisation: one bulk all-reduce of the
+   stage's gradients after the last backward (DistSim), or one all-reduce per layer issued as soon as that layer's
+   last backward finishes and overlapped with the rest of backward (WFBP). The optimizer step follows.
+
+Every task sits on one in-order stream per member GPU (``compute``, ``tp``, ``p2p``, ``dp``), like CUDA streams;
+a collective is one task on all its members, so it starts when every member is ready. Tasks are emitted in a global
+topological order (the unit-time order of the schedule), so producers always precede consumers.
+
+**Symmetry.** Replicas and tensor-parallel peers of a pipeline rank do identical work when their GPUs are equally
+fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
+simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distsim.cluster import Cluster
+from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
+from distsim.models.graph import Model
+from distsim.partition import balanced_partition, ranges, rank_layers
+from distsim.placement import CommInstance, Placement, parse_order
+from distsim.schedules import Action, Schedule, build_schedule, unit_steps
+from distsim.strategy import Strategy, check_strategy
+
+STREAMS = ("compute", "tp", "p2p", "dp")
+KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer")
+COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
+S_COMPUTE, S_TP, S_P2P, S_DP = range(4)
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT = range(6)
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    p2p_blocking: bool = False
+    """True: a send occupies the sender's compute stream (DistSim Algorithm 1); False: a pure delay on a p2p stream."""
+    symmetric: bool | None = None
+    """None: exploit symmetry when it holds; False: simulate every GPU; True: require symmetry."""
+    rank_order: str = "tp,dp,pp"
+    """Rank placement, innermost dimension first (Megatron-LM: tensor, then data, then pipeline)."""
+
+
+@dataclass
+class EventFlow:
+    """Tasks as parallel lists (index = task id) plus what the engine and the timeline need."""
+
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    schedule: Schedule
+    placement: Placement
+    stage_ranges: tuple[tuple[int, int], ...]
+    symmetric: bool
+    represents: dict[int, tuple[int, ...]]
+    """Simulated GPU -> the GPUs it stands for (itself first)."""
+    duration_s: list[float] = field(default_factory=list)
+    deps: list[list[int]] = field(default_factory=list)
+    members: list[tuple[int, ...]] = field(default_factory=list)
+    stream: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    layer: list[int] = field(default_factory=list)
+    stage: list[int] = field(default_factory=list)
+    microbatch: list[int] = field(default_factory=list)
+    key: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    key_costs: list[Cost] = field(default_factory=list)
+    key_kinds: list[str] = field(default_factory=list)
+    _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _key_index: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.duration_s)
+
+    @property
+    def simulated_gpus(self) -> list[int]:
+        return sorted(self.represents)
+
+    def intern(self, key: str, cost: Cost, kind: str) -> int:
+        idx = self._key_index.get(key)
+        if idx is None:
+            idx = self._key_index[key] = len(self.keys)
+            self.keys.append(key)
+            self.key_costs.append(cost)
+            self.key_kinds.append(kind)
+        return idx
+
+    def add(
+        self,
+        dur: float,
+        members: tuple[int, ...],
+        stream: int,
+        kind: int,
+        name: str,
+        layer: int,
+        stage: int,
+        mb: int,
+        key: int,
+        deps: list[int],
+    ) -> int:
+        """Append a task; it also waits for its predecessor on `stream` of every member GPU."""
+        tid = len(self.duration_s)
+        last = self._last
+        for g in members:
+            prev = last.get((g, stream))
+            if prev is not None:
+                deps.append(prev)
+            last[(g, stream)] = tid
+        self.duration_s.append(dur)
+        self.deps.append(deps)
+        self.members.append(members)
+        self.stream.append(stream)
+        self.kind.append(kind)
+        self.name.append(name)
+        self.layer.append(layer)
+        self.stage.append(stage)
+        self.microbatch.append(mb)
+        self.key.append(key)
+        return tid
+
+    @property
+    def events_total(self) -> int:
+        """Per-GPU events of the whole cluster (what a full trace would contain)."""
+        weight = {g: len(r) for g, r in self.represents.items()}
+        return sum(sum(weight[g] for g in m) for m in self.members)
+
+    @property
+    def events_unique(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One step of a stage's forward or backward template."""
+
+    kind: int
+    dur: float
+    key: int
+    name: str
+    layer: int
+    comm: CommEvent | None = None
+
+
+def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[float]:
+    """Estimated forward + backward seconds per layer at the strategy's micro-batch size and tp degree."""
+    dtype = model.precision.name
+    out = []
+    for layer in model.layers:
+        total = 0.0
+        for block in layer.blocks:
+            for phase in "FB":
+                ev = ComputeEvent(block, phase, strategy.micro_batch_size, strategy.tp, dtype)
+                total += costs.compute(ev).seconds
+        out.append(total)
+    return out
+
+
+def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tuple[tuple[int, int], ...]:
+    """[start, end) layer ranges per virtual stage: the strategy's partition or a compute-balanced one."""
+    counts = strategy.partition
+    if counts is None:
+        counts = balanced_partition(layer_weights(model, strategy, costs), strategy.num_stages)
+    return ranges(counts)
+
+
+def _stage_templates(
+    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None
+) -> dict[str, list[_Op]]:
+    """Forward and backward op sequences of virtual stage vs (tensor-parallel level)."""
+    model, strategy = flow.model, flow.strategy
+    start, end = flow.stage_ranges[vs]
+    dtype, mbs, tp = model.precision.name, strategy.micro_batch_size, strategy.tp
+    out: dict[str, list[_Op]] = {"F": [], "B": []}
+    for phase, kind, order in (("F", K_FWD, range(start, end)), ("B", K_BWD, range(end - 1, start - 1, -1))):
+        ops = out[phase]
+        for li in order:
+            layer = model.layers[li]
+            blocks = layer.blocks if phase == "F" else tuple(reversed(layer.blocks))
+            for block in blocks:
+                ev = ComputeEvent(block, phase, mbs, tp, dtype)
+                cost = costs.compute(ev)
+                key = flow.intern(ev.key, cost, "compute")
+                ops.append(_Op(kind, cost.seconds, key, f"{layer.name}.{block.op}", li))
+                ar_bytes = block.tp_fwd_allreduce_bytes if phase == "F" else block.tp_bwd_allreduce_bytes
+                if tp > 1 and ar_bytes > 0 and block.tp == "shard" and tp_instance is not None:
+                    cev = CommEvent("all_reduce", round(ar_bytes * mbs), tp, tp_instance.scope, tp_instance.sharers)
+                    ccost = costs.comm(cev)
+                    ckey = flow.intern(cev.key, ccost, "tp_allreduce")
+                    ops.append(_Op(K_TP, ccost.seconds, ckey, f"{layer.name}.{block.op}", li, cev))
+    return out
+
+
+def _symmetry_holds(placement: Placement, strategy: Strategy, cluster: Cluster) -> bool:
+    pp = strategy.pp
+    for r in range(pp):
+        gpus = placement.stage_gpus(r)
+        if len({cluster.speed_factor(g) for g in gpus}) > 1:
+            return False
+        patterns = [placement.tp_groups(r), placement.dp_groups(r)]
+        if pp > 1:
+            patterns += [placement.p2p_pairs(r, (r + 1) % pp), placement.p2p_pairs(r, (r - 1) % pp)]
+        for instances in patterns:
+            if len({(i.scope, i.sharers) for i in instances}) > 1:
+                return False
+    return True
+
+
+def build_flow(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> EventFlow:
+    """The full event DAG of one iteration of `strategy` on `cluster`."""
+    options = options or FlowOptions()
+    check_strategy(strategy, model, cluster)
+    placement = Placement(strategy, cluster, parse_order(options.rank_order))
+    schedule = build_schedule(strategy)
+    stage_ranges = resolve_partition(model, strategy, costs)
+    symmetric = _symmetry_holds(placement, strategy, cluster)
+    if options.symmetric is True and not symmetric:
+        from distsim.errors import StrategyError
+
+        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
+    if options.symmetric is False:
+        symmetric = False
+    grid = placement.grid
+    pp, dp, tp = strategy.pp, strategy.dp, strategy.tp
+    lanes_d = [0] if symmetric else list(range(dp))
+    lanes_t = [0] if symmetric else list(range(tp))
+    represents: dict[int, tuple[int, ...]] = {}
+    for r in range(pp):
+        for d in lanes_d:
+            for t in lanes_t:
+                g = int(grid[r, d, t])
+                represents[g] = (g, *(x for x in placement.stage_gpus(r) if x != g)) if symmetric else (g,)
+    flow = EventFlow(model, cluster, strategy, schedule, placement, stage_ranges, symmetric, represents)
+    _Builder(flow, costs, options, lanes_d, lanes_t).run()
+    return flow
+
+
+class _Builder:
+    """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
+
+    def __init__(
+        self, flow: EventFlow, costs: CostSource, options: FlowOptions, lanes_d: list[int], lanes_t: list[int]
+    ):
+        self.flow, self.costs, self.options = flow, costs, options
+        self.lanes_d, self.lanes_t = lanes_d, lanes_t
+        s = flow.strategy
+        self.grid = flow.placement.grid
+        self.num_stages = s.num_stages
+        self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
+        self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
+        # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
+        self.templates: dict[tuple[int, int], dict[str, list[_Op]]] = {}
+        self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
+        self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
+        self.last_b = self._last_backward_mb()
+        self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+
+    def _last_backward_mb(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for acts in self.flow.schedule.ranks:
+            for a in acts:
+                if a.op == "B":
+                    last[a.stage] = a.microbatch
+        return last
+
+    def template(self, vs: int, d: int) -> dict[str, list[_Op]]:
+        key = (vs, d if not self.flow.symmetric else 0)
+        tpl = self.templates.get(key)
+        if tpl is None:
+            r = vs % self.pp
+            inst = self.flow.placement.tp_groups(r)[d] if self.tp > 1 else None
+            tpl = self.templates[key] = _stage_templates(self.flow, self.costs, vs, inst)
+        return tpl
+
+    def run(self) -> None:
+        sched = self.flow.schedule
+        steps = unit_steps(sched)
+        order = sorted(
+            ((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts))),
+        )
+        for _, r, i in order:
+            self.action(r, sched.ranks[r][i])
+        self.finish()
+
+    # ------------------------------------------------------------------------------------------------ pipeline
+    def action(self, r: int, a: Action) -> None:
+        flow, grid = self.flow, self.grid
+        wfbp = (
+            flow.strategy.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        )
+        layer_done: dict[int, dict[int, list[int]]] = {}  # layer -> t -> tasks (one per lane d) finishing it
+        for d in self.lanes_d:
+            gpus = [int(grid[r, d, t]) for t in self.lanes_t]
+            ops = self.template(a.stage, d)[a.op]
+            if a.op == "F":
+                frontier = [
+                    [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else [] for t in self.lanes_t
+                ]
+            elif a.stage < self.num_stages - 1:
+                frontier = [[self.incoming.pop((a.stage, "B", a.microbatch, d, t))] for t in self.lanes_t]
+            else:
+                frontier = [[] for _ in self.lanes_t]
+            last = [-1] * len(gpus)
+            for idx, op in enumerate(ops):
+                if op.kind == K_TP:
+                    tid = flow.add(
+                        op.dur,
+                        tuple(gpus),
+                        S_TP,
+                        K_TP,
+                        op.name,
+                        op.layer,
+                        a.stage,
+                        a.microbatch,
+                        op.key,
+                        [x for x in last if x >= 0],
+                    )
+                    last = [tid] * len(gpus)
+                else:
+                    for j, g in enumerate(gpus):
+                        deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        last[j] = flow.add(
+                            op.dur * self.speed[g],
+                            (g,),
+                            S_COMPUTE,
+                            op.kind,
+                            op.name,
+                            op.layer,
+                            a.stage,
+                            a.microbatch,
+                            op.key,
+                            list(deps),
+                        )
+                if wfbp and (idx + 1 == len(ops) or ops[idx + 1].layer != op.layer):
+                    per_t = layer_done.setdefault(op.layer, {})
+                    for j, t in enumerate(self.lanes_t):
+                        per_t.setdefault(t, []).append(last[j])
+            self.send(r, a, d, gpus, last)
+        if wfbp:
+            for li, per_t in layer_done.items():
+                self.grad_allreduce(r, a.stage, per_t, layer=li)
+
+    def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
+        """After an action: send its activation forward or its input gradient backward."""
+        if a.op == "F" and a.stage < self.num_stages - 1:
+            dst_vs, what = a.stage + 1, "act"
+        elif a.op == "B" and a.stage > 0:
+            dst_vs, what = a.stage - 1, "grad"
+        else:
+            return
+        flow = self.flow
+        boundary = min(a.stage, dst_vs)
+        cut = flow.stage_ranges[boundary][1] - 1
+        nbytes = round(flow.model.boundary_bytes[cut] * flow.strategy.micro_batch_size)
+        dst_r = dst_vs % self.pp
+        pairs = self.pairs.get((r, dst_r))
+        if pairs is None:
+            pairs = self.pairs[(r, dst_r)] = flow.placement.p2p_pairs(r, dst_r)
+        stream = S_COMPUTE if self.options.p2p_blocking else S_P2P
+        for j, t in enumerate(self.lanes_t):
+            inst = pairs[d * self.tp + t]
+            ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
+            cost = self.costs.comm(ev)
+            key = flow.intern(ev.key, cost, "p2p")
+            tid = flow.add(
+                cost.seconds,
+                (gpus[j],),
+                stream,
+                K_P2P,
+                f"send {what} {a.stage}->{dst_vs}",
+                -1,
+                a.stage,
+                a.microbatch,
+                key,
+                [last[j]],
+            )
+            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+
+    # ------------------------------------------------------------------------------------------ data parallel
+    def grad_allreduce(self, r: int, vs_or_rank: int, per_t: dict[int, list[int]], layer: int = -1) -> list[int]:
+        """One all-reduce per tp rank over the replicas; returns the task ids."""
+        flow, model, s = self.flow, self.flow.model, self.flow.strategy
+        if layer >= 0:
+            held = self.rank_layers[r]
+            shard = model.layers[layer].shard_params(self.tp) if model.owns_params(layer, held) else 0.0
+            name, stage = f"grads {model.layers[layer].name}", vs_or_rank
+        else:
+            shard = self.rank_shard_params(r)
+            name, stage = f"grads rank {r}", vs_or_rank
+        nbytes = round(shard * model.precision.grad_bytes)
+        if nbytes <= 0:
+            return []
+        instances = flow.placement.dp_groups(r)
+        out = []
+        for t in self.lanes_t:
+            inst = instances[t]
+            ev = CommEvent("all_reduce", nbytes, s.dp, inst.scope, inst.sharers)
+            cost = self.costs.comm(ev)
+            key = flow.intern(ev.key, cost, "dp_allreduce")
+            members = tuple(int(self.grid[r, d, t]) for d in self.lanes_d)
+            out.append(flow.add(cost.seconds, members, S_DP, K_DP, name, layer, stage, -1, key, list(per_t[t])))
+        return out
+
+    def rank_shard_params(self, r: int) -> float:
+        return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
+
+    def finish(self) -> None:
+        """Bulk gradient all-reduce (if not WFBP) and the optimizer step on every simulated GPU."""
+        flow, s = self.flow, self.flow.strategy
+        last = flow._last
+        state = flow.model.precision.state_bytes_per_param
+        for r in range(self.pp):
+            ar_tasks: dict[int, list[int]] = {}
+            if self.dp > 1 and s.grad_sync == "bulk":
+                per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
+                for t, tid in zip(self.lanes_t, self.grad_allreduce(r, r, per_t), strict=False):
+                    ar_tasks[t] = [tid]
+            shard = self.rank_shard_params(r)
+            if shard <= 0:
+                continue
+            cost = self.costs.optimizer(shard, state)
+            key = flow.intern(optimizer_key(shard, state), cost, "optimizer")
+            for d in self.lanes_d:
+                for t in self.lanes_t:
+                    g = int(self.grid[r, d, t])
+                    deps = list(ar_tasks.get(t, []))
+                    dp_last = last.get((g, S_DP))
+                    if dp_last is not None:
+                        deps.append(dp_last)
+                    flow.add(
+                        cost.seconds * self.speed[g],
+                        (g,),
+                        S_COMPUTE,
+                        K_OPT,
+                        "optimizer step",
+                        -1,
+                        r,
+                        -1,
+                        key,
+                        deps,
+                    )

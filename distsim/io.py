@@ -1,0 +1,144 @@
+"""The file edge: reading model, cluster and profile files; writing outputs atomically.
+
+Every reader turns a missing or malformed file into a one-line DistsimError naming the file and the problem.
+Writers write to a temporary file in the target directory and rename it into place, so a crash never leaves a
+half-written file that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from distsim.cluster import GPU, Cluster, Link, get_cluster
+from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
+from distsim.models import Model, get_model, model_from_dict
+from distsim.profile_db import ProfileDB
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or Path(name).exists()
+
+
+def read_structured(path: str | Path, error: type[DistsimError]) -> Any:
+    """Parse a YAML or JSON file; errors name the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{p}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read ({exc.__class__.__name__})") from None
+    try:
+        if p.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{p}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def load_model(name_or_path: str) -> Model:
+    """A zoo model by name, or a model described in a YAML/JSON file."""
+    if _looks_like_path(name_or_path):
+        return model_from_dict(read_structured(name_or_path, ModelFileError), where=str(name_or_path))
+    return get_model(name_or_path)
+
+
+def cluster_from_dict(data: Any, where: str) -> Cluster:
+    """A cluster file: name, nodes, gpus_per_node, gpu{...}, intra{...}, inter{...}, nics_per_node, source."""
+    if not isinstance(data, dict):
+        raise ClusterError(f"{where}: expected a mapping at the top level")
+    try:
+        base = get_cluster(str(data["base"])) if "base" in data else None
+        gpu_d = dict(data.get("gpu", {}))
+        gpu = GPU(
+            name=str(gpu_d.get("name", base.gpu.name if base else "gpu")),
+            peak_flops_per_s=float(gpu_d.get("peak_flops_per_s", base.gpu.peak_flops_per_s if base else 0)),
+            memory_bytes=float(gpu_d.get("memory_bytes", base.gpu.memory_bytes if base else 0)),
+            memory_bandwidth_bytes_per_s=float(
+                gpu_d.get("memory_bandwidth_bytes_per_s", base.gpu.memory_bandwidth_bytes_per_s if base else 0)
+            ),
+            compute_efficiency=float(gpu_d.get("compute_efficiency", base.gpu.compute_efficiency if base else 0.5)),
+            kernel_overhead_s=float(gpu_d.get("kernel_overhead_s", base.gpu.kernel_overhead_s if base else 10e-6)),
+        )
+
+        def link(key: str, default: Link | None) -> Link:
+            d = dict(data.get(key, {}))
+            return Link(
+                float(d.get("bandwidth_bytes_per_s", default.bandwidth_bytes_per_s if default else 0)),
+                float(d.get("latency_s", default.latency_s if default else 0)),
+            )
+
+        return Cluster(
+            name=str(data.get("name", base.name if base else "custom")),
+            nodes=int(data.get("nodes", base.nodes if base else 1)),
+            gpus_per_node=int(data.get("gpus_per_node", base.gpus_per_node if base else 1)),
+            gpu=gpu,
+            intra=link("intra", base.intra if base else None),
+            inter=link("inter", base.inter if base else None),
+            nics_per_node=int(data.get("nics_per_node", base.nics_per_node if base else 1)),
+            source=str(data.get("source", where)),
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, DistsimError):
+            raise
+        raise ClusterError(f"{where}: malformed cluster description ({exc})") from None
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    if _looks_like_path(name_or_path):
+        return cluster_from_dict(read_structured(name_or_path, ClusterError), str(name_or_path))
+    return get_cluster(name_or_path)
+
+
+def load_profile(path: str | Path) -> ProfileDB:
+    p = Path(path)
+    if p.suffix != ".json":
+        raise ProfileError(f"{p}: a profile database is a .json file")
+    return ProfileDB.from_dict(read_structured(p, ProfileError), where=str(p))
+
+
+def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:
+    p = Path(path)
+    directory = p.parent if str(p.parent) else Path(".")
+    if not directory.is_dir():
+        raise DistsimError(f"{p}: directory {directory} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise DistsimError(f"{p}: cannot write ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
+            write(fh)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = None) -> Path:
+    return _atomic_write(path, lambda fh: json.dump(obj, fh, indent=indent, separators=None if indent else (",", ":")))
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return _atomic_write(path, lambda fh: fh.write(text))
+
+
+def write_csv(path: str | Path, df: Any) -> Path:
+    return _atomic_write(path, lambda fh: df.to_csv(fh, index=False))
+
+
+def write_figure(path: str | Path, fig: Any, dpi: int = 120) -> Path:
+    suffix = Path(path).suffix.lstrip(".") or "png"
+    return _atomic_write(path, lambda fh: fig.savefig(fh, format=suffix, dpi=dpi, bbox_inches="tight"), mode="wb")

@@ -1,0 +1,19 @@
+"""Workloads: the layer-graph types, the built-in zoo and user model files."""
+
+from __future__ import annotations
+
+from distsim.models.graph import FP16_MIXED, FP32, Block, Layer, Model, Precision
+from distsim.models.loader import model_from_dict
+from distsim.models.zoo import ZOO, get_model
+
+__all__ = [
+    "FP16_MIXED",
+    "FP32",
+    "ZOO",
+    "Block",
+    "Layer",
+    "Model",
+    "Precision",
+    "get_model",
+    "model_from_dict",
+]

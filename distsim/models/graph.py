@@ -1,0 +1,248 @@
+"""Workload description: a model is a DAG of layers, a layer is a sequence of tensor-parallel blocks.
+
+A :class:`Block` is the unit of Megatron-style tensor parallelism (Shoeybi et al., 2019): its compute is sharded
+over the tp ranks and, when ``tp > 1``, followed by one all-reduce of its output in forward and one of its input
+gradient in backward. A transformer layer has two blocks (attention, MLP); a convolution has one block that cannot be
+split. All per-sample quantities scale linearly with the micro-batch size.
+
+Layers are stored in a topological order. A pipeline stage is a contiguous range of that order; the activations that
+cross a stage boundary are the outputs of every earlier layer that a later layer still consumes (so skip connections,
+T5's encoder output and Inception's branches are carried correctly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Literal
+
+import networkx as nx
+
+from distsim.errors import ModelFileError
+
+TPSplit = Literal["shard", "replicate", "none"]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of the training state (mixed precision with Adam by default: 16 B per parameter)."""
+
+    name: str = "fp16-mixed"
+    act_bytes: int = 2
+    """Bytes per activation element (fp16/bf16: 2, fp32: 4)."""
+    param_bytes: int = 2
+    """Bytes per parameter for the weights the GPU computes with."""
+    grad_bytes: int = 2
+    """Bytes per gradient element (also the bytes the data-parallel all-reduce moves per parameter)."""
+    optimizer_bytes: int = 12
+    """Bytes of optimizer state per parameter (Adam with fp32 master weights: 4 + 4 + 4)."""
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+FP16_MIXED = Precision()
+FP32 = Precision(name="fp32", act_bytes=4, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
+PRECISIONS = {p.name: p for p in (FP16_MIXED, FP32)}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One tensor-parallel unit: compute, then (when tp > 1) an all-reduce in forward and one in backward."""
+
+    op: str
+    """Operator family, part of the event key (``attention``, ``mlp``, ``conv2d``, ``custom`` ...)."""
+    shape: tuple[tuple[str, int], ...] = ()
+    """Dimensions that determine the block's cost besides micro-batch size, tp degree and dtype."""
+    fwd_flops: float = 0.0
+    """Forward FLOPs per sample of the whole (unsharded) block. Backward is taken as 2x forward."""
+    params: int = 0
+    """Parameters of the whole (unsharded) block."""
+    io_bytes: float = 0.0
+    """Activation bytes per sample read and written by the forward pass (for the roofline estimate)."""
+    tp: TPSplit = "none"
+    """``shard``: compute and params divide by tp; ``replicate``: every tp rank does it all; ``none``: tp must be 1."""
+    tp_fwd_allreduce_bytes: float = 0.0
+    """Bytes per sample all-reduced over the tp group after the forward (0: no collective)."""
+    tp_bwd_allreduce_bytes: float = 0.0
+    """Bytes per sample all-reduced over the tp group in backward (0: no collective)."""
+    fwd_s: float | None = None
+    """Forward time per micro-batch given directly (what-if and hand-checkable cases); overrides any estimate."""
+    bwd_s: float | None = None
+    """Backward time per micro-batch given directly."""
+
+    def __post_init__(self) -> None:
+        if self.tp not in ("shard", "replicate", "none"):
+            raise ModelFileError(f"block {self.op!r}: tp must be shard, replicate or none, not {self.tp!r}")
+        for name in ("fwd_flops", "params", "io_bytes", "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes"):
+            if getattr(self, name) < 0:
+                raise ModelFileError(f"block {self.op!r}: {name} must be >= 0")
+        for name in ("fwd_s", "bwd_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ModelFileError(f"block {self.op!r}: {name} must be >= 0")
+
+    @property
+    def has_given_time(self) -> bool:
+        return self.fwd_s is not None or self.bwd_s is not None
+
+    def shard_params(self, tp: int) -> float:
+        return self.params / tp if self.tp == "shard" else float(self.params)
+
+    def shape_str(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.shape)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A node of the model graph: blocks executed in order, with the activations it produces and keeps."""
+
+    name: str
+    blocks: tuple[Block, ...]
+    out_bytes: float = 0.0
+    """Bytes per sample of the layer's output (what a pipeline boundary after it carries)."""
+    saved_bytes: float = 0.0
+    """Bytes per sample kept for backward that every tp rank stores in full."""
+    saved_sharded_bytes: float = 0.0
+    """Bytes per sample kept for backward that are divided among the tp ranks."""
+    inputs: tuple[str, ...] | None = None
+    """Names of the layers whose outputs this layer consumes; None means the previous layer (a chain)."""
+    tied_to: str | None = None
+    """Layer whose weights this one shares (an LM head tied to the embedding): stored once when both are on the
+    same pipeline rank; a rank holding only this layer keeps its own copy (as Megatron-LM's last stage does)."""
+
+    @property
+    def params(self) -> int:
+        return sum(b.params for b in self.blocks)
+
+    @property
+    def fwd_flops(self) -> float:
+        return sum(b.fwd_flops for b in self.blocks)
+
+    def shard_params(self, tp: int) -> float:
+        return sum(b.shard_params(tp) for b in self.blocks)
+
+    def saved_bytes_per_sample(self, tp: int) -> float:
+        return self.saved_bytes + self.saved_sharded_bytes / tp
+
+
+@dataclass(frozen=True)
+class Model:
+    """A training workload: layers in topological order plus the facts strategy validation needs."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    seq_len: int | None = None
+    """Tokens per sample (for tokens/s); None for non-sequence models."""
+    tp_constraints: tuple[tuple[str, int], ...] = ()
+    """Dimensions the tp degree must divide, e.g. (("attention heads", 16), ("ffn hidden", 4096))."""
+    precision: Precision = FP16_MIXED
+    source: str = ""
+    """Where the dimensions come from (paper, table)."""
+    description: str = ""
+    _edges: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ModelFileError(f"model {self.name!r} has no layers")
+        index: dict[str, int] = {}
+        edges: list[tuple[int, int]] = []
+        for i, layer in enumerate(self.layers):
+            if not layer.blocks:
+                raise ModelFileError(f"model {self.name!r}: layer {layer.name!r} has no blocks")
+            if layer.name in index:
+                raise ModelFileError(f"model {self.name!r}: layer name {layer.name!r} is used twice")
+            inputs = layer.inputs if layer.inputs is not None else ((self.layers[i - 1].name,) if i else ())
+            for src in inputs:
+                if src not in index:
+                    later = any(x.name == src for x in self.layers)
+                    why = "comes later (list layers in topological order)" if later else "is not a layer"
+                    raise ModelFileError(f"model {self.name!r}: layer {layer.name!r} takes input {src!r}, which {why}")
+                edges.append((index[src], i))
+            index[layer.name] = i
+        for layer in self.layers:
+            if layer.tied_to is not None and layer.tied_to not in index:
+                raise ModelFileError(
+                    f"model {self.name!r}: layer {layer.name!r} is tied to unknown layer {layer.tied_to!r}"
+                )
+        object.__setattr__(self, "_edges", tuple(edges))
+
+    # ----------------------------------------------------------------------------------------------- structure
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def params(self) -> int:
+        """Distinct parameters (a tied layer's weights are counted once)."""
+        return sum(layer.params for layer in self.layers if layer.tied_to is None)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {layer.name: i for i, layer in enumerate(self.layers)}
+
+    def owns_params(self, i: int, on_rank: set[int] | range) -> bool:
+        """Whether layer i's parameters are stored separately on a rank holding the layers `on_rank`."""
+        tied = self.layers[i].tied_to
+        return tied is None or self.index[tied] not in on_rank
+
+    def rank_params(self, layer_indices: list[int], tp: int) -> float:
+        """Parameters one tp shard of a pipeline rank holding these layers stores."""
+        held = set(layer_indices)
+        return sum(self.layers[i].shard_params(tp) for i in held if self.owns_params(i, held))
+
+    @property
+    def fwd_flops_per_sample(self) -> float:
+        return sum(layer.fwd_flops for layer in self.layers)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The layer DAG (nodes are layer indices with a ``name`` attribute)."""
+        g = nx.DiGraph()
+        for i, layer in enumerate(self.layers):
+            g.add_node(i, name=layer.name)
+        g.add_edges_from(self._edges)
+        return g
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return all(src == dst - 1 for src, dst in self._edges) and len(self._edges) == len(self.layers) - 1
+
+    @cached_property
+    def boundary_bytes(self) -> tuple[float, ...]:
+        """Bytes per sample crossing a cut after layer p, for p in 0..L-2 (all live tensors, skip connections too)."""
+        n = len(self.layers)
+        last_use = list(range(n))
+        for src, dst in self._edges:
+            last_use[src] = max(last_use[src], dst)
+        # layer u is live across cut p (between p and p+1) iff u <= p < last_use[u]
+        diff = [0.0] * (n + 1)
+        for u, layer in enumerate(self.layers):
+            if last_use[u] > u:
+                diff[u] += layer.out_bytes
+                diff[last_use[u]] -= layer.out_bytes
+        out, running = [], 0.0
+        for p in range(n - 1):
+            running += diff[p]
+            out.append(running)
+        return tuple(out)
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why this model cannot use tensor-parallel degree tp, or None if it can."""
+        if tp == 1:
+            return None
+        for name, value in self.tp_constraints:
+            if value % tp:
+                return f"tp={tp} does not divide the {name} ({value}) of {self.name}"
+        for layer in self.layers:
+            for block in layer.blocks:
+                if block.tp == "none":
+                    return (
+                        f"layer {layer.name!r} of {self.name} has no tensor-parallel split "
+                        f"(its {block.op} block cannot be sharded), so tp must be 1"
+                    )
+        return None
+
+    def with_layers(self, layers: tuple[Layer, ...], **changes: object) -> Model:
+        return replace(self, layers=layers, _edges=(), **changes)

@@ -1,0 +1,155 @@
+"""Public entry point: simulate one training iteration and collect everything users look at."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pandas as pd
+
+from distsim import engine
+from distsim.cluster import Cluster
+from distsim.costs import AnalyticCosts, CostSource
+from distsim.events import EventFlow, FlowOptions, build_flow
+from distsim.memory import MemoryEstimate, estimate_memory
+from distsim.models.graph import Model
+from distsim.strategy import Strategy
+from distsim.timeline import GPUStats, Timeline, from_flow
+
+
+@dataclass
+class SimResult:
+    """One simulated iteration: timeline of the simulated GPUs, metrics, memory, and where every cost came from."""
+
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    options: FlowOptions
+    flow: EventFlow = field(repr=False)
+    timeline: Timeline = field(repr=False)
+    memory: list[MemoryEstimate]
+    cost_source: str
+    wall_time_s: float
+    """Seconds the simulation itself took (build + engine + timeline)."""
+
+    # ------------------------------------------------------------------------------------------------ metrics
+    @property
+    def iteration_time_s(self) -> float:
+        return self.timeline.iteration_time_s
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        t = self.iteration_time_s
+        return self.strategy.global_batch_size / t if t > 0 else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float | None:
+        if self.model.seq_len is None:
+            return None
+        return self.throughput_samples_per_s * self.model.seq_len
+
+    @cached_property
+    def per_gpu(self) -> list[GPUStats]:
+        return self.timeline.gpu_stats()
+
+    @property
+    def bubble_fraction(self) -> float:
+        t = self.iteration_time_s
+        stats = self.per_gpu
+        return sum(s.idle_s for s in stats) / (len(stats) * t) if t > 0 and stats else 0.0
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Mean over GPUs of the communication time not hidden behind compute."""
+        stats = self.per_gpu
+        return sum(s.exposed_comm_s for s in stats) / len(stats) if stats else 0.0
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(m.total_bytes for m in self.memory)
+
+    @property
+    def fits_in_memory(self) -> bool:
+        return all(m.fits for m in self.memory)
+
+    @property
+    def events_total(self) -> int:
+        return self.flow.events_total
+
+    @property
+    def events_unique(self) -> int:
+        return self.flow.events_unique
+
+    def cost_table(self) -> pd.DataFrame:
+        """Every distinct event: key, kind, seconds and source (given, measured, fitted, scaled, analytic)."""
+        f = self.flow
+        return pd.DataFrame(
+            {
+                "event": f.keys,
+                "kind": f.key_kinds,
+                "seconds": [c.seconds for c in f.key_costs],
+                "source": [c.source for c in f.key_costs],
+            }
+        )
+
+    def source_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for c in self.flow.key_costs:
+            counts[c.source] = counts.get(c.source, 0) + 1
+        return counts
+
+    def full_timeline(self) -> Timeline:
+        """The timeline with rows for every GPU (expands symmetric simulations)."""
+        return self.timeline.expand()
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.strategy
+        return {
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "strategy": str(s),
+            "strategy_detail": s.describe(),
+            "gpus": s.num_gpus,
+            "global_batch_size": s.global_batch_size,
+            "iteration_time_s": self.iteration_time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "bubble_fraction": self.bubble_fraction,
+            "exposed_comm_s": self.exposed_comm_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.cluster.gpu.memory_bytes,
+            "fits_in_memory": self.fits_in_memory,
+            "memory_per_rank": [m.to_dict() for m in self.memory],
+            "events_total": self.events_total,
+            "events_unique": self.events_unique,
+            "event_sources": self.source_counts(),
+            "cost_source": self.cost_source,
+            "symmetric": self.flow.symmetric,
+            "simulated_gpus": len(self.flow.represents),
+            "stage_layers": [end - start for start, end in self.flow.stage_ranges],
+            "simulation_wall_time_s": self.wall_time_s,
+            "per_gpu": [g.to_dict() for g in self.per_gpu],
+        }
+
+
+def simulate(
+    model: Model,
+    cluster: Cluster,
+    strategy: Strategy,
+    costs: CostSource | None = None,
+    options: FlowOptions | None = None,
+) -> SimResult:
+    """Predict one training iteration of `model` on `cluster` under `strategy`.
+
+    `costs` defaults to the analytic estimate from the cluster's figures; pass ``ProfileCosts`` to use a profile.
+    """
+    t0 = time.perf_counter()
+    costs = costs if costs is not None else AnalyticCosts(cluster)
+    options = options or FlowOptions()
+    flow = build_flow(model, cluster, strategy, costs, options)
+    result = engine.run(flow.duration_s, flow.deps)
+    timeline = from_flow(flow, result.start_s, result.end_s)
+    memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
+    return SimResult(model, cluster, strategy, options, flow, timeline, memory, costs.name, time.perf_counter() - t0)

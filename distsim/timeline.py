@@ -1,0 +1,228 @@
+"""Timeline: one row per event per GPU, shared by simulated and measured runs; metrics and Chrome-trace export.
+
+Columns: ``gpu, node, stream, kind, name, layer, stage, microbatch, start_s, end_s``. ``layer`` and ``microbatch``
+are -1 where they do not apply (gradient all-reduce of a whole rank, optimizer step). ``stage`` is the (virtual)
+pipeline stage of compute and p2p events and the pipeline rank of rank-wide events.
+
+A simulated timeline may hold only the GPUs that were simulated; ``represents`` maps each of them to every GPU it
+stands for, and :meth:`Timeline.expand` writes the rows out for all of them.
+
+Per GPU, ``compute_s + exposed_comm_s + idle_s = iteration_time_s``: compute is the time compute kernels run,
+exposed communication the time communication runs while no compute does, and idle the rest (pipeline bubbles and
+waiting). ``bubble_fraction`` is the mean idle share of the iteration (GPipe's (S-1)/(M+S-1) for uniform stages
+without communication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s")
+STREAM_ORDER = ("compute", "tp", "p2p", "dp")
+COMPUTE_KINDS = ("forward", "backward", "optimizer")
+COMM_KINDS = ("tp_allreduce", "p2p", "dp_allreduce")
+
+
+@dataclass(frozen=True)
+class GPUStats:
+    gpu: int
+    node: int
+    compute_s: float
+    comm_s: float
+    """Time any communication runs (overlapped or not)."""
+    exposed_comm_s: float
+    """Time communication runs while no compute does."""
+    idle_s: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "gpu": self.gpu,
+            "node": self.node,
+            "busy_compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "idle_s": self.idle_s,
+        }
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by a set of intervals."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    breaks = np.empty(len(s), dtype=bool)
+    breaks[0] = True
+    breaks[1:] = s[1:] > reach[:-1]
+    seg_start = s[breaks]
+    idx = np.flatnonzero(breaks)
+    seg_end = np.maximum.reduceat(e, idx)
+    return float(np.sum(seg_end - seg_start))
+
+
+@dataclass
+class Timeline:
+    df: pd.DataFrame
+    gpus_per_node: int
+    represents: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Simulated GPU -> GPUs it stands for (itself first). Empty: every GPU is in df."""
+
+    def __post_init__(self) -> None:
+        missing = [c for c in COLUMNS if c not in self.df.columns]
+        if missing:
+            raise ValueError(f"timeline is missing columns {missing}")
+        if not self.represents:
+            self.represents = {int(g): (int(g),) for g in sorted(self.df["gpu"].unique())}
+
+    # -------------------------------------------------------------------------------------------------- shape
+    @property
+    def gpus(self) -> list[int]:
+        """Every GPU the timeline describes (expanded)."""
+        return sorted(g for rep in self.represents.values() for g in rep)
+
+    @property
+    def is_expanded(self) -> bool:
+        return all(len(r) == 1 for r in self.represents.values())
+
+    @property
+    def iteration_time_s(self) -> float:
+        if self.df.empty:
+            return 0.0
+        return float(self.df["end_s"].max() - self.df["start_s"].min())
+
+    def expand(self) -> Timeline:
+        """Rows for every GPU: each simulated GPU's rows copied to the GPUs it stands for."""
+        if self.is_expanded:
+            return self
+        df = self.df
+        parts = []
+        codes = df["gpu"].to_numpy()
+        for rep, targets in self.represents.items():
+            rows = df[codes == rep]
+            n = len(rows)
+            block = rows.iloc[np.tile(np.arange(n), len(targets))].reset_index(drop=True)
+            gpu = np.repeat(np.asarray(targets, dtype=np.int64), n)
+            block["gpu"] = gpu
+            block["node"] = gpu // self.gpus_per_node
+            parts.append(block)
+        out = pd.concat(parts, ignore_index=True)
+        out = out.sort_values(["gpu", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+        return Timeline(out, self.gpus_per_node)
+
+    # ------------------------------------------------------------------------------------------------- metrics
+    def gpu_stats(self) -> list[GPUStats]:
+        """Busy compute, communication, exposed communication and idle seconds of every GPU (expanded)."""
+        t0 = float(self.df["start_s"].min()) if not self.df.empty else 0.0
+        iteration = self.iteration_time_s
+        out: list[GPUStats] = []
+        groups = dict(tuple(self.df.groupby("gpu", sort=True, observed=True)))
+        for rep, targets in sorted(self.represents.items()):
+            rows = groups.get(rep)
+            if rows is None:
+                stats = (0.0, 0.0, 0.0, iteration)
+            else:
+                kind = rows["kind"].astype(str).to_numpy()
+                s = rows["start_s"].to_numpy() - t0
+                e = rows["end_s"].to_numpy() - t0
+                is_compute = np.isin(kind, COMPUTE_KINDS)
+                compute = union_length(s[is_compute], e[is_compute])
+                comm = union_length(s[~is_compute], e[~is_compute])
+                busy = union_length(s, e)
+                stats = (compute, comm, busy - compute, iteration - busy)
+            for g in targets:
+                out.append(GPUStats(g, g // self.gpus_per_node, *stats))
+        return sorted(out, key=lambda x: x.gpu)
+
+    # ------------------------------------------------------------------------------------------------- exports
+    def to_chrome_trace(self, title: str = "distsim") -> dict[str, Any]:
+        """Chrome/Perfetto trace: one process per GPU, one named thread per stream, complete ('X') events in us."""
+        df = self.df
+        t0 = float(df["start_s"].min()) if not df.empty else 0.0
+        streams = [s for s in STREAM_ORDER if s in set(df["stream"].astype(str))]
+        streams += sorted(set(df["stream"].astype(str)) - set(streams))
+        tid = {s: i for i, s in enumerate(streams)}
+        events: list[dict[str, Any]] = []
+        for rep, targets in sorted(self.represents.items()):
+            node = rep // self.gpus_per_node
+            label = f"GPU {rep} (node {node})"
+            if len(targets) > 1:
+                label += f" - stands for {len(targets)} GPUs: {_ranges(targets)}"
+            events.append({"ph": "M", "name": "process_name", "pid": rep, "tid": 0, "args": {"name": label}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": rep, "tid": 0, "args": {"sort_index": rep}})
+            for s, i in tid.items():
+                events.append({"ph": "M", "name": "thread_name", "pid": rep, "tid": i, "args": {"name": s}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": rep, "tid": i, "args": {"sort_index": i}})
+        cols = [df[c].to_numpy() for c in ("gpu", "stream", "kind", "name", "layer", "stage", "microbatch")]
+        start = (df["start_s"].to_numpy() - t0) * 1e6
+        dur = (df["end_s"].to_numpy() - df["start_s"].to_numpy()) * 1e6
+        for gpu, stream, kind, name, layer, stage, mb, ts, d in zip(*cols, start, dur, strict=True):
+            label = f"{name} mb{mb}" if mb >= 0 else str(name)
+            args: dict[str, Any] = {"stage": int(stage)}
+            if layer >= 0:
+                args["layer"] = int(layer)
+            if mb >= 0:
+                args["microbatch"] = int(mb)
+            events.append(
+                {
+                    "name": label,
+                    "cat": str(kind),
+                    "ph": "X",
+                    "pid": int(gpu),
+                    "tid": tid[str(stream)],
+                    "ts": round(float(ts), 3),
+                    "dur": round(float(d), 3),
+                    "args": args,
+                }
+            )
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+
+
+def _ranges(values: tuple[int, ...]) -> str:
+    """'0-3, 8-11' for a set of integers."""
+    vs = sorted(values)
+    out, start, prev = [], vs[0], vs[0]
+    for v in vs[1:]:
+        if v != prev + 1:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = v
+        prev = v
+    out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ", ".join(out)
+
+
+def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
+    """Timeline rows of an executed event flow (one row per task per member GPU)."""
+    from distsim.events import KINDS, STREAMS
+
+    members = flow.members
+    counts = np.fromiter((len(m) for m in members), dtype=np.int64, count=len(members))
+    if counts.size and counts.max() == 1:
+        gpu = np.fromiter((m[0] for m in members), dtype=np.int64, count=len(members))
+        idx = np.arange(len(members))
+    else:
+        gpu = np.fromiter((g for m in members for g in m), dtype=np.int64, count=int(counts.sum()))
+        idx = np.repeat(np.arange(len(members)), counts)
+    stream = np.asarray(flow.stream, dtype=np.int8)[idx]
+    kind = np.asarray(flow.kind, dtype=np.int8)[idx]
+    names = pd.Categorical(flow.name)
+    df = pd.DataFrame(
+        {
+            "gpu": gpu,
+            "node": gpu // flow.cluster.gpus_per_node,
+            "stream": pd.Categorical.from_codes(stream, categories=list(STREAMS)),
+            "kind": pd.Categorical.from_codes(kind, categories=list(KINDS)),
+            "name": pd.Categorical.from_codes(names.codes[idx], categories=names.categories),
+            "layer": np.asarray(flow.layer, dtype=np.int32)[idx],
+            "stage": np.asarray(flow.stage, dtype=np.int32)[idx],
+            "microbatch": np.asarray(flow.microbatch, dtype=np.int32)[idx],
+            "start_s": np.asarray(start_s, dtype=np.float64)[idx],
+            "end_s": np.asarray(end_s, dtype=np.float64)[idx],
+        }
+    )
+    df = df.sort_values(["gpu", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+    return Timeline(df, flow.cluster.gpus_per_node, dict(flow.represents))
