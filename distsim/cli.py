@@ -25,6 +25,10 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def _fmt_count(n: float) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
 def _parse_stragglers(values: tuple[str, ...]) -> dict[int, float]:
     out = {}
     for v in values:
@@ -288,13 +292,13 @@ def _summary(r: Any) -> str:
         lines.append(f"  note               {counts['analytic']} events were not in the profile and were estimated")
     lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
     lines.append("")
-    lines.append("  per GPU            compute    exposed comm   idle")
+    lines.append("  per GPU                compute    exposed comm   idle")
     stats = {g.gpu: g for g in r.per_gpu}
     for rep, targets in sorted(r.timeline.represents.items()):
         g = stats[rep]
         who = f"GPU {rep}" if len(targets) == 1 else f"GPU {rep} (+{len(targets) - 1} alike)"
         lines.append(
-            f"  {who:<18} {_fmt_time(g.compute_s):>10} {_fmt_time(g.exposed_comm_s):>14} {_fmt_time(g.idle_s):>10}"
+            f"  {who:<22} {_fmt_time(g.compute_s):>10} {_fmt_time(g.exposed_comm_s):>14} {_fmt_time(g.idle_s):>10}"
         )
     lines.append(f"\nsimulated in {r.wall_time_s:.3f} s")
     return "\n".join(lines)
@@ -324,7 +328,8 @@ def models(as_json: bool) -> None:
         return
     click.echo(f"{'name':<14} {'family':<30} {'layers':>6} {'params':>9}  description")
     for r in rows:
-        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>6} {r['params'] / 1e6:>8.0f}M  {r['description']}")
+        params = _fmt_count(r["params"])
+        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>6} {params:>9}  {r['description']}")
     click.echo("\nSources: `distsim models --json`. Your own model: a YAML/JSON file (see README).")
 
 

@@ -189,13 +189,14 @@ def _stage_templates(
                 ev = ComputeEvent(block, phase, mbs, tp, dtype)
                 cost = costs.compute(ev)
                 key = flow.intern(ev.key, cost, "compute")
-                ops.append(_Op(kind, cost.seconds, key, f"{layer.name}.{block.op}", li))
+                label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
+                ops.append(_Op(kind, cost.seconds, key, label, li))
                 ar_bytes = block.tp_fwd_allreduce_bytes if phase == "F" else block.tp_bwd_allreduce_bytes
                 if tp > 1 and ar_bytes > 0 and block.tp == "shard" and tp_instance is not None:
                     cev = CommEvent("all_reduce", round(ar_bytes * mbs), tp, tp_instance.scope, tp_instance.sharers)
                     ccost = costs.comm(cev)
                     ckey = flow.intern(cev.key, ccost, "tp_allreduce")
-                    ops.append(_Op(K_TP, ccost.seconds, ckey, f"{layer.name}.{block.op}", li, cev))
+                    ops.append(_Op(K_TP, ccost.seconds, ckey, label, li, cev))
     return out
 
 

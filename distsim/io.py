@@ -108,6 +108,12 @@ def load_profile(path: str | Path) -> ProfileDB:
     return ProfileDB.from_dict(read_structured(p, ProfileError), where=str(p))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:
     p = Path(path)
     directory = p.parent if str(p.parent) else Path(".")
@@ -120,6 +126,7 @@ def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
             write(fh)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

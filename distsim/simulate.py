@@ -28,6 +28,8 @@ class SimResult:
     strategy: Strategy
     options: FlowOptions
     flow: EventFlow = field(repr=False)
+    tasks: engine.EngineResult = field(repr=False)
+    """Start and end of every task of the flow (index = task id)."""
     timeline: Timeline = field(repr=False)
     memory: list[MemoryEstimate]
     cost_source: str
@@ -152,4 +154,5 @@ def simulate(
     result = engine.run(flow.duration_s, flow.deps)
     timeline = from_flow(flow, result.start_s, result.end_s)
     memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
-    return SimResult(model, cluster, strategy, options, flow, timeline, memory, costs.name, time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    return SimResult(model, cluster, strategy, options, flow, result, timeline, memory, costs.name, elapsed)

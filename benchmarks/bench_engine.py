@@ -1,0 +1,74 @@
+"""Speed of the simulator core.
+
+1. GPT-3 175B on 1024 GPUs (DGX A100, 128 nodes) as 8M16P8D with 64 micro-batches under 1F1B: wall time of
+   ``simulate()`` (flow build + SimPy engine + timeline) and of the headline metrics. Target: under 1 s.
+2. Engine throughput with symmetry switched off (every GPU simulated): tasks and per-GPU events per second of the
+   SimPy engine alone, and of the whole simulate() call. Target: at least 300,000 events/s.
+
+Run: python benchmarks/bench_engine.py [--repeats 5]
+Each figure is the median over the repeats, measured with time.perf_counter on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+from distsim import FlowOptions, Strategy, engine, get_cluster, get_model, simulate
+from distsim.costs import AnalyticCosts
+from distsim.events import build_flow
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    model = get_model("gpt3-175b")
+    cluster = get_cluster("dgx-a100")  # 128 nodes x 8 A100 = 1024 GPUs
+    strategy = Strategy.from_str("8M16P8D", num_micro_batches=64, schedule="1f1b")
+    print(f"python {platform.python_version()} on {platform.machine()}, {args.repeats} repeats, median\n")
+
+    def headline() -> None:
+        r = simulate(model, cluster, strategy)
+        _ = (r.iteration_time_s, r.throughput_samples_per_s, r.bubble_fraction, r.peak_memory_bytes)
+
+    r = simulate(model, cluster, strategy)
+    t_sim = median_time(lambda: simulate(model, cluster, strategy), args.repeats)
+    t_all = median_time(headline, args.repeats)
+    print("GPT-3 175B, 8M16P8D, 1024 GPUs, M=64, 1F1B (symmetric)")
+    print(
+        f"  tasks simulated      {len(r.flow):,} on {len(r.flow.represents)} GPUs; "
+        f"{r.events_total:,} events across 1024 GPUs, {r.events_unique} unique"
+    )
+    print(f"  predicted iteration  {r.iteration_time_s:.3f} s, bubble {100 * r.bubble_fraction:.1f} %")
+    print(f"  simulate()           {t_sim:.3f} s")
+    print(f"  + headline metrics   {t_all:.3f} s   (target < 1 s)\n")
+
+    full_strategy = Strategy.from_str("8M16P8D", num_micro_batches=8, schedule="1f1b")
+    flow = build_flow(model, cluster, full_strategy, AnalyticCosts(cluster), FlowOptions(symmetric=False))
+    rows = sum(len(m) for m in flow.members)
+    t_engine = median_time(lambda: engine.run(flow.duration_s, flow.deps), args.repeats)
+    opts = FlowOptions(symmetric=False)
+    t_full = median_time(lambda: simulate(model, cluster, full_strategy, options=opts), args.repeats)
+    print("GPT-3 175B, 8M16P8D, 1024 GPUs, M=8, symmetry off (every GPU simulated)")
+    print(f"  tasks                {len(flow):,} ({rows:,} per-GPU events)")
+    print(
+        f"  engine alone         {t_engine:.3f} s: {len(flow) / t_engine:,.0f} tasks/s, "
+        f"{rows / t_engine:,.0f} events/s   (target >= 300,000 events/s)"
+    )
+    print(f"  whole simulate()     {t_full:.3f} s: {rows / t_full:,.0f} events/s including flow build and timeline")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Invariants over random strategies, models and clusters (hypothesis).
+
+* no two events overlap on one stream of one GPU;
+* every dependency finishes before its dependent starts;
+* per GPU, compute + exposed communication + idle = iteration time;
+* more bandwidth or faster compute (any subset of layers, any factor >= 1) never makes the iteration slower;
+* symmetric simulation, expanded to every GPU, equals full simulation row for row.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from distsim import FlowOptions, Strategy, simulate
+from distsim.cluster import Cluster
+from distsim.models import Model, model_from_dict
+from tests.util import hand_cluster
+
+EXAMPLES = int(os.environ.get("DISTSIM_HYPOTHESIS_EXAMPLES", "80"))  # raise it for a longer hunt
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    options: FlowOptions
+
+
+def _layer(draw: Any, i: int, tp_split: bool) -> dict[str, Any]:
+    layer: dict[str, Any] = {
+        "name": f"l{i}",
+        "params": draw(st.integers(0, 3000)),
+        "out_bytes": draw(st.sampled_from([0.0, 100.0, 700.0, 2000.0])),
+        "saved_bytes": 10.0,
+    }
+    if draw(st.booleans()):  # given times
+        layer["forward_s"] = draw(st.floats(0.05, 2.0))
+        layer["backward_s"] = draw(st.floats(0.05, 4.0))
+    else:  # estimated from FLOPs by the cost source
+        layer["op"] = f"op{i}"
+        layer["flops"] = draw(st.floats(1e10, 5e12))
+        layer["io_bytes"] = draw(st.floats(0, 1e9))
+    if tp_split:
+        layer["tp"] = "shard"
+        layer["tp_allreduce_bytes"] = draw(st.sampled_from([0.0, 300.0, 1500.0]))
+    return layer
+
+
+@st.composite
+def scenarios(draw: Any) -> Scenario:
+    tp = draw(st.sampled_from([1, 1, 2]))
+    pp = draw(st.integers(1, 3))
+    dp = draw(st.sampled_from([1, 2]))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"] if pp > 1 else ["gpipe", "1f1b"]))
+    chunks = 2 if schedule == "interleaved" else 1
+    m = pp * draw(st.integers(1, 2)) if schedule == "interleaved" else draw(st.integers(1, 5))
+    n_layers = draw(st.integers(pp * chunks, pp * chunks + 3))
+    model = model_from_dict({"name": "random", "layers": [_layer(draw, i, tp > 1) for i in range(n_layers)]})
+    gpus = tp * pp * dp
+    gpn = draw(st.sampled_from([d for d in (1, 2, 4, 8) if gpus % d == 0]))
+    cluster = hand_cluster(
+        nodes=gpus // gpn,
+        gpus_per_node=gpn,
+        intra_bw=draw(st.floats(200.0, 5000.0)),
+        inter_bw=draw(st.floats(50.0, 2000.0)),
+        intra_lat=draw(st.floats(0.0, 0.05)),
+        inter_lat=draw(st.floats(0.0, 0.2)),
+        nics=draw(st.integers(1, 2)),
+    )
+    cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bandwidth_bytes_per_s=1e10, kernel_overhead_s=0.01))
+    if draw(st.booleans()) and gpus > 1:
+        cluster = cluster.with_slowdown({draw(st.integers(0, gpus - 1)): draw(st.floats(1.0, 2.0))})
+    strategy = Strategy(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        num_micro_batches=m,
+        micro_batch_size=draw(st.integers(1, 2)),
+        schedule=schedule,
+        warmup_policy=draw(st.sampled_from(["A", "B"])),
+        grad_sync=draw(st.sampled_from(["bulk", "wfbp"])),
+        max_in_flight=draw(st.sampled_from([None, 1, 2])) if schedule == "1f1b" else None,
+    )
+    options = FlowOptions(p2p_blocking=draw(st.booleans()), rank_order=draw(st.sampled_from(["tp,dp,pp", "tp,pp,dp"])))
+    return Scenario(model, cluster, strategy, options)
+
+
+def _run(sc: Scenario, **changes: Any):
+    return simulate(
+        sc.model,
+        changes.get("cluster", sc.cluster),
+        changes.get("strategy", sc.strategy),
+        options=changes.get("options", sc.options),
+    )
+
+
+@SETTINGS
+@given(scenarios())
+def test_streams_never_overlap_and_dependencies_hold(sc: Scenario) -> None:
+    r = _run(sc)
+    df = r.timeline.df
+    assert (df["end_s"] >= df["start_s"]).all()
+    for _, group in df.groupby(["gpu", "stream"], observed=True):
+        g = group.sort_values(["start_s", "end_s"])
+        assert (g["start_s"].to_numpy()[1:] >= g["end_s"].to_numpy()[:-1] - EPS).all()
+    start, end = r.tasks.start_s, r.tasks.end_s
+    for i, deps in enumerate(r.flow.deps):
+        for d in deps:
+            assert end[d] <= start[i] + EPS
+        assert end[i] == start[i] + r.flow.duration_s[i] or abs(end[i] - start[i] - r.flow.duration_s[i]) < 1e-6
+
+
+@SETTINGS
+@given(scenarios())
+def test_time_accounting_adds_up(sc: Scenario) -> None:
+    r = _run(sc)
+    t = r.iteration_time_s
+    for g in r.per_gpu:
+        assert (
+            g.compute_s + g.exposed_comm_s + g.idle_s == np.float64(t)
+            or abs(g.compute_s + g.exposed_comm_s + g.idle_s - t) < 1e-6
+        )
+        assert -1e-9 <= g.exposed_comm_s <= g.comm_s + 1e-9
+    assert len(r.full_timeline().df) == r.events_total
+    assert 0 <= r.bubble_fraction <= 1
+
+
+def _faster_model(model: Model, factors: list[float]) -> Model:
+    layers = []
+    for layer, k in zip(model.layers, factors, strict=True):
+        blocks = tuple(
+            replace(
+                b,
+                fwd_s=None if b.fwd_s is None else b.fwd_s / k,
+                bwd_s=None if b.bwd_s is None else b.bwd_s / k,
+                fwd_flops=b.fwd_flops / k,
+                io_bytes=b.io_bytes / k,
+            )
+            for b in layer.blocks
+        )
+        layers.append(replace(layer, blocks=blocks))
+    return model.with_layers(tuple(layers))
+
+
+@SETTINGS
+@given(scenarios(), st.data())
+def test_more_bandwidth_or_faster_compute_is_never_slower(sc: Scenario, data: st.DataObject) -> None:
+    base = _run(sc)
+    fixed = replace(sc.strategy, partition=tuple(e - s for s, e in base.flow.stage_ranges))
+    k_bw = data.draw(st.floats(1.0, 8.0), label="bandwidth factor")
+    k_compute = data.draw(st.floats(1.0, 8.0), label="compute factor")
+    per_layer = data.draw(st.lists(st.floats(1.0, 4.0), min_size=len(sc.model.layers), max_size=len(sc.model.layers)))
+    wider = _run(sc, strategy=fixed, cluster=sc.cluster.scaled(bandwidth=k_bw))
+    quicker = _run(sc, strategy=fixed, cluster=sc.cluster.scaled(compute=k_compute))
+    some_layers = simulate(_faster_model(sc.model, per_layer), sc.cluster, fixed, options=sc.options)
+    t = base.iteration_time_s
+    assert wider.iteration_time_s <= t + 1e-9
+    assert quicker.iteration_time_s <= t + 1e-9
+    assert some_layers.iteration_time_s <= t + 1e-9
+
+
+def _rows(df: Any) -> list[tuple]:
+    cols = ["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s"]
+    out = df[cols].astype({"stream": str, "kind": str, "name": str}).itertuples(index=False, name=None)
+    return sorted((*r[:7], round(r[7], 9), round(r[8], 9)) for r in out)
+
+
+@SETTINGS
+@given(scenarios())
+def test_symmetric_and_full_simulation_agree(sc: Scenario) -> None:
+    auto = _run(sc)
+    full = _run(sc, options=replace(sc.options, symmetric=False))
+    event(f"symmetric={auto.flow.symmetric}")
+    event(f"tp={sc.strategy.tp} dp={sc.strategy.dp} nodes>1={sc.cluster.nodes > 1}")
+    assert auto.iteration_time_s == full.iteration_time_s or abs(auto.iteration_time_s - full.iteration_time_s) < 1e-9
+    assert auto.events_total == full.events_total
+    assert _rows(auto.full_timeline().df) == _rows(full.timeline.df)
+    if auto.flow.symmetric:
+        assert len(auto.flow) <= len(full.flow)
