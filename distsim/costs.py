@@ -214,7 +214,9 @@ class ProfileCosts:
         return alone
 
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
-        m = self.db.compute.get(optimizer_key(shard_params, state_bytes_per_param))
+        key = optimizer_key(shard_params, state_bytes_per_param)
+        m = self.db.compute.get(key)
         if m is not None:
             return Cost(m.median_s, "measured")
+        self._missing(f"optimizer step {key}")
         return self.fallback.optimizer(shard_params, state_bytes_per_param)

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,44 +55,61 @@ def load_model(name_or_path: str) -> Model:
     return get_model(name_or_path)
 
 
-def cluster_from_dict(data: Any, where: str) -> Cluster:
-    """A cluster file: name, nodes, gpus_per_node, gpu{...}, intra{...}, inter{...}, nics_per_node, source."""
+_CLUSTER_KEYS = {"base", "name", "nodes", "gpus_per_node", "gpu", "intra", "inter", "nics_per_node", "source"}
+_GPU_KEYS = {f.name for f in fields(GPU)}
+_LINK_KEYS = {f.name for f in fields(Link)}
+
+
+_TEXT_KEYS = {"base", "name", "source"}
+_INT_KEYS = {"nodes", "gpus_per_node", "nics_per_node"}
+
+
+def _subset(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
+    """Check keys and turn every figure into a number, naming the first that is not one."""
     if not isinstance(data, dict):
-        raise ClusterError(f"{where}: expected a mapping at the top level")
+        raise ClusterError(f"{where}: expected a mapping")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ClusterError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _TEXT_KEYS or isinstance(value, dict):
+            out[key] = value
+            continue
+        try:
+            out[key] = int(value) if key in _INT_KEYS else float(value)
+        except (TypeError, ValueError):
+            raise ClusterError(f"{where}: {key} must be a number, got {value!r}") from None
+    return out
+
+
+def cluster_from_dict(data: Any, where: str) -> Cluster:
+    """A cluster file: a preset to start from (``base``) and any figures to override, or a full description.
+
+    Example: ``{base: dgx-a100, nodes: 16, inter: {bandwidth_bytes_per_s: 12.5e9}}``.
+    """
+    data = _subset(data, _CLUSTER_KEYS, where)
     try:
-        base = get_cluster(str(data["base"])) if "base" in data else None
-        gpu_d = dict(data.get("gpu", {}))
-        gpu = GPU(
-            name=str(gpu_d.get("name", base.gpu.name if base else "gpu")),
-            peak_flops_per_s=float(gpu_d.get("peak_flops_per_s", base.gpu.peak_flops_per_s if base else 0)),
-            memory_bytes=float(gpu_d.get("memory_bytes", base.gpu.memory_bytes if base else 0)),
-            memory_bandwidth_bytes_per_s=float(
-                gpu_d.get("memory_bandwidth_bytes_per_s", base.gpu.memory_bandwidth_bytes_per_s if base else 0)
-            ),
-            compute_efficiency=float(gpu_d.get("compute_efficiency", base.gpu.compute_efficiency if base else 0.5)),
-            kernel_overhead_s=float(gpu_d.get("kernel_overhead_s", base.gpu.kernel_overhead_s if base else 10e-6)),
-        )
-
-        def link(key: str, default: Link | None) -> Link:
-            d = dict(data.get(key, {}))
-            return Link(
-                float(d.get("bandwidth_bytes_per_s", default.bandwidth_bytes_per_s if default else 0)),
-                float(d.get("latency_s", default.latency_s if default else 0)),
-            )
-
-        return Cluster(
-            name=str(data.get("name", base.name if base else "custom")),
-            nodes=int(data.get("nodes", base.nodes if base else 1)),
-            gpus_per_node=int(data.get("gpus_per_node", base.gpus_per_node if base else 1)),
-            gpu=gpu,
-            intra=link("intra", base.intra if base else None),
-            inter=link("inter", base.inter if base else None),
-            nics_per_node=int(data.get("nics_per_node", base.nics_per_node if base else 1)),
-            source=str(data.get("source", where)),
-        )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, DistsimError):
-            raise
+        if "base" in data:
+            base = get_cluster(str(data["base"]))
+        else:
+            missing = [k for k in ("nodes", "gpus_per_node", "gpu", "intra", "inter") if k not in data]
+            if missing:
+                raise ClusterError(f"{where}: needs {', '.join(missing)} (or base: <preset> to start from)")
+            base = None
+        gpu_over = _subset(data.get("gpu", {}), _GPU_KEYS, f"{where} gpu")
+        gpu = replace(base.gpu, **gpu_over) if base else GPU(**gpu_over)
+        links = {}
+        for key in ("intra", "inter"):
+            over = _subset(data.get(key, {}), _LINK_KEYS, f"{where} {key}")
+            links[key] = replace(getattr(base, key), **over) if base else Link(**over)
+        top = {k: data[k] for k in ("name", "nodes", "gpus_per_node", "nics_per_node", "source") if k in data}
+        if base:
+            cluster = replace(base, gpu=gpu, **links, **top)
+        else:
+            cluster = Cluster(gpu=gpu, **links, **{"name": "custom", "source": where, **top})
+        return cluster
+    except TypeError as exc:
         raise ClusterError(f"{where}: malformed cluster description ({exc})") from None
 
 

@@ -127,6 +127,11 @@ class SimResult:
             "events_total": self.events_total,
             "events_unique": self.events_unique,
             "event_sources": self.source_counts(),
+            "estimated_events": [
+                k for k, c in zip(self.flow.keys, self.flow.key_costs, strict=True) if c.source == "analytic"
+            ]
+            if self.cost_source == "profile"
+            else [],
             "cost_source": self.cost_source,
             "symmetric": self.flow.symmetric,
             "simulated_gpus": len(self.flow.represents),

@@ -183,3 +183,68 @@ def test_module_entry_point_and_torch_free_core() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run([sys.executable, "-m", "distsim", "--help"], check=True, capture_output=True, text=True)
     assert "simulate" in out.stdout
+
+
+def test_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text("base: dgx-a100\nname: mine\nnodes: 2\ninter: {bandwidth_bytes_per_s: 1.0e9}\n")
+    code, out, err = run(
+        ["simulate", "--model", "gpt2-345m", "--cluster", str(cluster), "--strategy", "1M1P16D", "--json"], capsys
+    )
+    assert code == 0, err
+    slow = json.loads(out)
+    code, out, _ = run(
+        [
+            "simulate",
+            "--model",
+            "gpt2-345m",
+            "--cluster",
+            "dgx-a100",
+            "--nodes",
+            "2",
+            "--strategy",
+            "1M1P16D",
+            "--json",
+        ],
+        capsys,
+    )
+    assert slow["cluster"] == "mine" and slow["iteration_time_s"] > json.loads(out)["iteration_time_s"]
+    cluster.write_text("base: dgx-a100\nnodes: two\n")
+    code, _, err = run(["simulate", "--model", "gpt2-345m", "--cluster", str(cluster), "--strategy", "1M1P16D"], capsys)
+    assert code == 2 and "nodes must be a number, got 'two'" in err
+
+
+def test_profile_file_is_used_and_strict_refuses_gaps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile holding half of the compute events: they are 'measured', the rest estimated and listed."""
+    from distsim import Strategy, get_cluster, get_model, simulate
+
+    strategy = Strategy.from_str("2M4P2D", num_micro_batches=8)
+    r = simulate(get_model("gpt2-345m"), get_cluster("distsim-testbed"), strategy)
+    table = r.cost_table()
+    compute = table[table["kind"] == "compute"]
+    kept = compute.iloc[: len(compute) // 2]
+    profile = {
+        "schema": "distsim-profile",
+        "version": 1,
+        "provenance": {"device": "test"},
+        "compute": {k: {"median_s": 0.001} for k in kept["event"]},
+        "comm": [],
+        "fits": [
+            {"collective": c, "scope": s, "group_size": n, "alpha_s": 1e-5, "beta_s_per_byte": 1e-10}
+            for c in ("all_reduce", "p2p")
+            for s in ("intra", "inter")
+            for n in (2, 4)
+        ],
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    code, out, err = run([*SIM, "--profile", str(path), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["event_sources"]["measured"] == len(kept)
+    assert data["event_sources"].get("fitted", 0) > 0
+    estimated = set(data["estimated_events"])
+    assert {k for k in estimated if not k.startswith("optimizer")} == set(compute["event"]) - set(kept["event"])
+    assert any(k.startswith("optimizer") for k in estimated)  # the partition (so the shard) follows the costs
+    code, _, err = run([*SIM, "--profile", str(path), "--strict"], capsys)
+    assert code == 2 and "profile has no measurement for compute event" in err and "--strict" in err
