@@ -45,40 +45,13 @@ _MODEL_KEYS = {
     "layers",
 }
 _TRANSFORMER_KEYS = {"layers", "hidden", "heads", "seq", "vocab", "ffn"}
-_LAYER_KEYS = {
-    "name",
-    "op",
-    "forward_s",
-    "backward_s",
-    "flops",
-    "params",
-    "io_bytes",
-    "out_bytes",
-    "saved_bytes",
-    "saved_sharded_bytes",
-    "tp",
-    "tp_allreduce_bytes",
-    "tp_fwd_allreduce_bytes",
-    "tp_bwd_allreduce_bytes",
-    "inputs",
-    "repeat",
-    "shape",
-    "blocks",
-    "tied_to",
-}
 _BLOCK_KEYS = {
-    "op",
-    "forward_s",
-    "backward_s",
-    "flops",
-    "params",
-    "io_bytes",
-    "tp",
-    "tp_allreduce_bytes",
-    "tp_fwd_allreduce_bytes",
-    "tp_bwd_allreduce_bytes",
-    "shape",
-}
+    "op", "forward_s", "backward_s", "flops", "params", "io_bytes", "tp", "tp_allreduce_bytes",
+    "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "shape",
+}  # fmt: skip
+_LAYER_KEYS = _BLOCK_KEYS | {
+    "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "inputs", "repeat", "blocks", "tied_to",
+}  # fmt: skip
 
 
 def _check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:

@@ -140,6 +140,11 @@ def lm_head_layer(
     )
 
 
+def _tp_constraints(heads: int, h: int, f: int, vocab: int) -> tuple[tuple[str, int], ...]:
+    """Megatron splits heads, the hidden and FFN dimensions and the (padded) vocabulary over tp ranks."""
+    return (("attention heads", heads), ("hidden size", h), ("ffn hidden size", f), ("padded vocab", vocab))
+
+
 def decoder_only(
     name: str,
     layers: int,
@@ -162,12 +167,7 @@ def decoder_only(
         name=name,
         layers=tuple(body),
         seq_len=s,
-        tp_constraints=(
-            ("attention heads", a),
-            ("hidden size", h),
-            ("ffn hidden size", f),
-            ("padded vocab", v),
-        ),
+        tp_constraints=_tp_constraints(a, h, f, v),
         precision=precision,
         source=source,
         description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}",
@@ -204,12 +204,7 @@ def encoder_decoder(
         name=name,
         layers=tuple(body),
         seq_len=enc_seq,
-        tp_constraints=(
-            ("attention heads", a),
-            ("hidden size", h),
-            ("ffn hidden size", f),
-            ("padded vocab", v),
-        ),
+        tp_constraints=_tp_constraints(a, h, f, v),
         precision=precision,
         source=source,
         description=(
