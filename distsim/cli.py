@@ -239,12 +239,20 @@ def simulate(**kw: Any) -> None:
 
 
 def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
-    from distsim.io import write_csv, write_figure, write_json
+    from distsim.io import write_chrome_trace, write_csv, write_figure
 
+    if not (kw["trace_path"] or kw["csv_path"] or kw["plot_path"]):
+        return
+    if kw["all_gpus"] and result.events_total > 1_000_000 and (kw["trace_path"] or kw["csv_path"]):
+        click.echo(
+            f"writing {result.events_total:,} events for every GPU; this takes a while "
+            "(drop --all-gpus for one row set per group of identical GPUs)",
+            err=True,
+        )
     timeline = result.full_timeline() if kw["all_gpus"] else result.timeline
     title = f"{result.model.name} {result.strategy} on {result.cluster.name}"
     if kw["trace_path"]:
-        write_json(kw["trace_path"], timeline.to_chrome_trace(title))
+        write_chrome_trace(kw["trace_path"], timeline.chrome_trace_events(), title)
     if kw["csv_path"]:
         write_csv(kw["csv_path"], timeline.df)
     if kw["plot_path"]:

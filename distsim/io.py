@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,22 @@ def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w
 
 def write_json(path: str | Path, obj: Any, indent: int | None = None) -> Path:
     return _atomic_write(path, lambda fh: json.dump(obj, fh, indent=indent, separators=None if indent else (",", ":")))
+
+
+def write_chrome_trace(path: str | Path, events: Iterable[dict[str, Any]], title: str) -> Path:
+    """Stream a Chrome/Perfetto trace to disk one event at a time (memory stays flat for millions of events)."""
+
+    def write(fh: Any) -> None:
+        fh.write('{"displayTimeUnit":"ms","otherData":')
+        fh.write(json.dumps({"title": title}))
+        fh.write(',"traceEvents":[\n')
+        for i, event in enumerate(events):
+            if i:
+                fh.write(",\n")
+            fh.write(json.dumps(event, separators=(",", ":")))
+        fh.write("\n]}\n")
+
+    return _atomic_write(path, write)
 
 
 def write_text(path: str | Path, text: str) -> Path:

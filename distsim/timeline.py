@@ -15,6 +15,7 @@ without communication).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,47 +140,39 @@ class Timeline:
         return sorted(out, key=lambda x: x.gpu)
 
     # ------------------------------------------------------------------------------------------------- exports
-    def to_chrome_trace(self, title: str = "distsim") -> dict[str, Any]:
-        """Chrome/Perfetto trace: one process per GPU, one named thread per stream, complete ('X') events in us."""
+    def chrome_trace_events(self) -> Iterator[dict[str, Any]]:
+        """Trace events one by one: metadata naming each GPU (process) and stream (thread), then 'X' events in us."""
         df = self.df
         t0 = float(df["start_s"].min()) if not df.empty else 0.0
-        streams = [s for s in STREAM_ORDER if s in set(df["stream"].astype(str))]
-        streams += sorted(set(df["stream"].astype(str)) - set(streams))
+        present = set(df["stream"].astype(str))
+        streams = [s for s in STREAM_ORDER if s in present] + sorted(present - set(STREAM_ORDER))
         tid = {s: i for i, s in enumerate(streams)}
-        events: list[dict[str, Any]] = []
         for rep, targets in sorted(self.represents.items()):
-            node = rep // self.gpus_per_node
-            label = f"GPU {rep} (node {node})"
+            label = f"GPU {rep} (node {rep // self.gpus_per_node})"
             if len(targets) > 1:
                 label += f" - stands for {len(targets)} GPUs: {_ranges(targets)}"
-            events.append({"ph": "M", "name": "process_name", "pid": rep, "tid": 0, "args": {"name": label}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": rep, "tid": 0, "args": {"sort_index": rep}})
+            yield {"ph": "M", "name": "process_name", "pid": rep, "tid": 0, "args": {"name": label}}
+            yield {"ph": "M", "name": "process_sort_index", "pid": rep, "tid": 0, "args": {"sort_index": rep}}
             for s, i in tid.items():
-                events.append({"ph": "M", "name": "thread_name", "pid": rep, "tid": i, "args": {"name": s}})
-                events.append({"ph": "M", "name": "thread_sort_index", "pid": rep, "tid": i, "args": {"sort_index": i}})
+                yield {"ph": "M", "name": "thread_name", "pid": rep, "tid": i, "args": {"name": s}}
+                yield {"ph": "M", "name": "thread_sort_index", "pid": rep, "tid": i, "args": {"sort_index": i}}
         cols = [df[c].to_numpy() for c in ("gpu", "stream", "kind", "name", "layer", "stage", "microbatch")]
         start = (df["start_s"].to_numpy() - t0) * 1e6
         dur = (df["end_s"].to_numpy() - df["start_s"].to_numpy()) * 1e6
         for gpu, stream, kind, name, layer, stage, mb, ts, d in zip(*cols, start, dur, strict=True):
-            label = f"{name} mb{mb}" if mb >= 0 else str(name)
             args: dict[str, Any] = {"stage": int(stage)}
             if layer >= 0:
                 args["layer"] = int(layer)
             if mb >= 0:
                 args["microbatch"] = int(mb)
-            events.append(
-                {
-                    "name": label,
-                    "cat": str(kind),
-                    "ph": "X",
-                    "pid": int(gpu),
-                    "tid": tid[str(stream)],
-                    "ts": round(float(ts), 3),
-                    "dur": round(float(d), 3),
-                    "args": args,
-                }
-            )
-        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
+            yield {
+                "name": f"{name} mb{mb}" if mb >= 0 else str(name), "cat": str(kind), "ph": "X", "pid": int(gpu),
+                "tid": tid[str(stream)], "ts": round(float(ts), 3), "dur": round(float(d), 3), "args": args,
+            }  # fmt: skip
+
+    def to_chrome_trace(self, title: str = "distsim") -> dict[str, Any]:
+        """Chrome/Perfetto trace object: one process per GPU, one named thread per stream."""
+        return {"traceEvents": list(self.chrome_trace_events()), "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
 def _ranges(values: tuple[int, ...]) -> str:
