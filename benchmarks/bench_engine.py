@@ -57,7 +57,7 @@ def main() -> None:
 
     full_strategy = Strategy.from_str("8M16P8D", num_micro_batches=8, schedule="1f1b")
     flow = build_flow(model, cluster, full_strategy, AnalyticCosts(cluster), FlowOptions(symmetric=False))
-    rows = sum(len(m) for m in flow.members)
+    rows = sum(len(x) for x in flow.slots)
     t_engine = median_time(lambda: engine.run(flow.duration_s, flow.deps), args.repeats)
     opts = FlowOptions(symmetric=False)
     t_full = median_time(lambda: simulate(model, cluster, full_strategy, options=opts), args.repeats)

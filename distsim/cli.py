@@ -129,6 +129,14 @@ def cli() -> None:
     show_default=True,
     help="blocking: a send occupies the sender's compute stream (DistSim Algorithm 1).",
 )
+@click.option(
+    "--link-sharing",
+    type=click.Choice(["structural", "serialize"]),
+    default="structural",
+    show_default=True,
+    help="structural: traffic kinds overlap, concurrent flows split NICs (optimistic); serialize: all traffic of a "
+    "scope on a GPU queues on one link, p2p holding both ends (pessimistic).",
+)
 @click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
 @click.option(
     "--straggler",
@@ -219,6 +227,7 @@ def simulate(**kw: Any) -> None:
         p2p_blocking=kw["p2p_mode"] == "blocking",
         symmetric=False if kw["full"] else None,
         rank_order=kw["rank_order"],
+        link_sharing=kw["link_sharing"],
     )
     if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
         click.echo(

@@ -11,9 +11,18 @@
    stage's gradients after the last backward (DistSim), or one all-reduce per layer issued as soon as that layer's
    last backward finishes and overlapped with the rest of backward (WFBP). The optimizer step follows.
 
-Every task sits on one in-order stream per member GPU (``compute``, ``tp``, ``p2p``, ``dp``), like CUDA streams;
-a collective is one task on all its members, so it starts when every member is ready. Tasks are emitted in a global
-topological order (the unit-time order of the schedule), so producers always precede consumers.
+Every task occupies one or more *slots*, an in-order stream of one GPU, like a CUDA stream; a collective is one task
+on all its members, so it starts when every member is ready. Tasks are emitted in a global topological order (the
+unit-time order of the schedule), and each stream serves its tasks in that order, so every wait points to an earlier
+task: the flow cannot deadlock, and with fixed orders the iteration time is a max-plus function of the durations
+(more bandwidth or faster compute never makes it longer).
+
+**Link sharing.** ``structural`` (default): communication runs on the ``tp``, ``p2p`` and ``dp`` streams and shares
+links only as the cost model says (k symmetric flows leaving a node at once split its NICs); traffic of different
+kinds overlaps freely, an optimistic bound. ``serialize``: all communication of one scope on a GPU (a p2p transfer on
+both its ends) goes through one in-order queue per link class, ``link:intra`` and ``link:inter``, in emission order:
+p2p and collective traffic take turns on the link, a pessimistic bound. First-come arbitration is deliberately not
+offered: it admits Graham-type anomalies where faster compute slows the iteration.
 
 **Symmetry.** Replicas and tensor-parallel peers of a pipeline rank do identical work when their GPUs are equally
 fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
@@ -32,10 +41,11 @@ from distsim.placement import CommInstance, Placement, parse_order
 from distsim.schedules import Action, Schedule, build_schedule, unit_steps
 from distsim.strategy import Strategy, check_strategy
 
-STREAMS = ("compute", "tp", "p2p", "dp")
+STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter")
 KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer")
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-S_COMPUTE, S_TP, S_P2P, S_DP = range(4)
+S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER = range(6)
+LINK_SHARING = ("structural", "serialize")
 K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT = range(6)
 
 
@@ -47,6 +57,14 @@ class FlowOptions:
     """None: exploit symmetry when it holds; False: simulate every GPU; True: require symmetry."""
     rank_order: str = "tp,dp,pp"
     """Rank placement, innermost dimension first (Megatron-LM: tensor, then data, then pipeline)."""
+    link_sharing: str = "structural"
+    """``structural``: traffic kinds overlap, NIC shares from the structure; ``serialize``: one queue per link."""
+
+    def __post_init__(self) -> None:
+        if self.link_sharing not in LINK_SHARING:
+            from distsim.errors import DistsimError
+
+            raise DistsimError(f"link sharing must be one of {', '.join(LINK_SHARING)}, got {self.link_sharing!r}")
 
 
 @dataclass
@@ -64,8 +82,8 @@ class EventFlow:
     """Simulated GPU -> the GPUs it stands for (itself first)."""
     duration_s: list[float] = field(default_factory=list)
     deps: list[list[int]] = field(default_factory=list)
-    members: list[tuple[int, ...]] = field(default_factory=list)
-    stream: list[int] = field(default_factory=list)
+    slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    """(gpu, stream) pairs each task occupies; a timeline row per slot."""
     kind: list[int] = field(default_factory=list)
     name: list[str] = field(default_factory=list)
     layer: list[int] = field(default_factory=list)
@@ -97,8 +115,7 @@ class EventFlow:
     def add(
         self,
         dur: float,
-        members: tuple[int, ...],
-        stream: int,
+        slots: tuple[tuple[int, int], ...],
         kind: int,
         name: str,
         layer: int,
@@ -107,18 +124,17 @@ class EventFlow:
         key: int,
         deps: list[int],
     ) -> int:
-        """Append a task; it also waits for its predecessor on `stream` of every member GPU."""
+        """Append a task; it also waits for the previous task of each (gpu, stream) slot it occupies."""
         tid = len(self.duration_s)
         last = self._last
-        for g in members:
-            prev = last.get((g, stream))
+        for slot in slots:
+            prev = last.get(slot)
             if prev is not None:
                 deps.append(prev)
-            last[(g, stream)] = tid
+            last[slot] = tid
         self.duration_s.append(dur)
         self.deps.append(deps)
-        self.members.append(members)
-        self.stream.append(stream)
+        self.slots.append(slots)
         self.kind.append(kind)
         self.name.append(name)
         self.layer.append(layer)
@@ -131,7 +147,7 @@ class EventFlow:
     def events_total(self) -> int:
         """Per-GPU events of the whole cluster (what a full trace would contain)."""
         weight = {g: len(r) for g, r in self.represents.items()}
-        return sum(sum(weight[g] for g in m) for m in self.members)
+        return sum(weight[g] for slots in self.slots for g, _ in slots)
 
     @property
     def events_unique(self) -> int:
@@ -261,6 +277,8 @@ class _Builder:
         self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
         # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
         self.templates: dict[tuple[int, int], dict[str, list[_Op]]] = {}
+        self.serialize = options.link_sharing == "serialize"
+        self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
         self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
         self.last_b = self._last_backward_mb()
@@ -273,6 +291,12 @@ class _Builder:
                 if a.op == "B":
                     last[a.stage] = a.microbatch
         return last
+
+    def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
+        if self.serialize:
+            stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
+        return tuple((g, stream) for g in gpus)
 
     def template(self, vs: int, d: int) -> dict[str, list[_Op]]:
         key = (vs, d if not self.flow.symmetric else 0)
@@ -314,10 +338,10 @@ class _Builder:
             last = [-1] * len(gpus)
             for idx, op in enumerate(ops):
                 if op.kind == K_TP:
+                    assert op.comm is not None
                     tid = flow.add(
                         op.dur,
-                        tuple(gpus),
-                        S_TP,
+                        self.comm_slots(S_TP, op.comm.scope, tuple(gpus)),
                         K_TP,
                         op.name,
                         op.layer,
@@ -332,8 +356,7 @@ class _Builder:
                         deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
                         last[j] = flow.add(
                             op.dur * self.speed[g],
-                            (g,),
-                            S_COMPUTE,
+                            ((g, S_COMPUTE),),
                             op.kind,
                             op.name,
                             op.layer,
@@ -367,18 +390,22 @@ class _Builder:
         pairs = self.pairs.get((r, dst_r))
         if pairs is None:
             pairs = self.pairs[(r, dst_r)] = flow.placement.p2p_pairs(r, dst_r)
-        stream = S_COMPUTE if self.options.p2p_blocking else S_P2P
         for j, t in enumerate(self.lanes_t):
             inst = pairs[d * self.tp + t]
             ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
             cost = self.costs.comm(ev)
             key = flow.intern(ev.key, cost, "p2p")
+            if self.serialize:  # the transfer holds the link at both ends
+                slots = self.comm_slots(S_P2P, inst.scope, (gpus[j], int(self.grid[dst_r, d, t])))
+            else:
+                slots = ((gpus[j], S_P2P),)
+            if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
+                slots = ((gpus[j], S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
             tid = flow.add(
                 cost.seconds,
-                (gpus[j],),
-                stream,
+                slots,
                 K_P2P,
-                f"send {what} {a.stage}->{dst_vs}",
+                f"{what} {a.stage}->{dst_vs}",
                 -1,
                 a.stage,
                 a.microbatch,
@@ -409,7 +436,10 @@ class _Builder:
             cost = self.costs.comm(ev)
             key = flow.intern(ev.key, cost, "dp_allreduce")
             members = tuple(int(self.grid[r, d, t]) for d in self.lanes_d)
-            out.append(flow.add(cost.seconds, members, S_DP, K_DP, name, layer, stage, -1, key, list(per_t[t])))
+            slots = self.comm_slots(S_DP, inst.scope, members)
+            tid = flow.add(cost.seconds, slots, K_DP, name, layer, stage, -1, key, list(per_t[t]))
+            self.last_dp.update(dict.fromkeys(members, tid))
+            out.append(tid)
         return out
 
     def rank_shard_params(self, r: int) -> float:
@@ -435,13 +465,11 @@ class _Builder:
                 for t in self.lanes_t:
                     g = int(self.grid[r, d, t])
                     deps = list(ar_tasks.get(t, []))
-                    dp_last = last.get((g, S_DP))
-                    if dp_last is not None:
-                        deps.append(dp_last)
+                    if g in self.last_dp:
+                        deps.append(self.last_dp[g])
                     flow.add(
                         cost.seconds * self.speed[g],
-                        (g,),
-                        S_COMPUTE,
+                        ((g, S_COMPUTE),),
                         K_OPT,
                         "optimizer step",
                         -1,

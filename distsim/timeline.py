@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = ("gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s")
-STREAM_ORDER = ("compute", "tp", "p2p", "dp")
+STREAM_ORDER = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter")
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("tp_allreduce", "p2p", "dp_allreduce")
 
@@ -189,18 +189,15 @@ def _ranges(values: tuple[int, ...]) -> str:
 
 
 def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
-    """Timeline rows of an executed event flow (one row per task per member GPU)."""
+    """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
     from distsim.events import KINDS, STREAMS
 
-    members = flow.members
-    counts = np.fromiter((len(m) for m in members), dtype=np.int64, count=len(members))
-    if counts.size and counts.max() == 1:
-        gpu = np.fromiter((m[0] for m in members), dtype=np.int64, count=len(members))
-        idx = np.arange(len(members))
-    else:
-        gpu = np.fromiter((g for m in members for g in m), dtype=np.int64, count=int(counts.sum()))
-        idx = np.repeat(np.arange(len(members)), counts)
-    stream = np.asarray(flow.stream, dtype=np.int8)[idx]
+    slots = flow.slots
+    counts = np.fromiter((len(x) for x in slots), dtype=np.int64, count=len(slots))
+    n = int(counts.sum())
+    gpu = np.fromiter((g for x in slots for g, _ in x), dtype=np.int64, count=n)
+    stream = np.fromiter((s for x in slots for _, s in x), dtype=np.int8, count=n)
+    idx = np.repeat(np.arange(len(slots)), counts)
     kind = np.asarray(flow.kind, dtype=np.int8)[idx]
     names = pd.Categorical(flow.name)
     df = pd.DataFrame(

@@ -15,41 +15,54 @@ from tests.util import chain_model, hand_cluster
 
 UNIFORM_2 = [(1.0, 2.0, 0, 0.0), (1.0, 2.0, 0, 0.0)]
 UNIFORM_2_P2P = [(1.0, 2.0, 0, 500.0), (1.0, 2.0, 0, 500.0)]
+SHARED = [(1.0, 2.0, 500, 500.0), (1.0, 2.0, 3000, 0.0)]
 
 CASES = [
-    # name, layers (F, B, params, out_bytes), strategy, p2p blocking, GPUs per node, expected iteration time
-    ("dp-only bulk", [(0.5, 1.0, 250, 0.0), (0.5, 1.0, 250, 0.0)], "tp=1 pp=1 dp=2 mb=2", False, 2, 7.0),
+    # name, layers (F, B, params, out_bytes), strategy, flow options, GPUs per node, expected iteration time
+    ("dp-only bulk", [(0.5, 1.0, 250, 0.0), (0.5, 1.0, 250, 0.0)], "tp=1 pp=1 dp=2 mb=2", {}, 2, 7.0),
     # F0 0-1, B0 1-3, F1 3-4, B1 4-6; one all-reduce of 500 params x 2 B = 1000 B: 6-7.
-    ("dp-only wfbp", [(0.5, 1.0, 250, 0.0), (0.5, 1.0, 250, 0.0)], "tp=1 pp=1 dp=2 mb=2 sync=wfbp", False, 2, 6.5),
+    ("dp-only wfbp", [(0.5, 1.0, 250, 0.0), (0.5, 1.0, 250, 0.0)], "tp=1 pp=1 dp=2 mb=2 sync=wfbp", {}, 2, 6.5),
     # last backward: l1 4-5 then its all-reduce (500 B) 5-5.5 overlaps l0 5-6; l0's all-reduce 6-6.5.
-    ("gpipe 2 stages", UNIFORM_2, "tp=1 pp=2 dp=1 mb=3 schedule=gpipe", False, 2, 12.0),
+    ("gpipe 2 stages", UNIFORM_2, "tp=1 pp=2 dp=1 mb=3 schedule=gpipe", {}, 2, 12.0),
     # (M + S - 1)(F + B) = 4 * 3.
-    ("1f1b 2 stages", UNIFORM_2, "tp=1 pp=2 dp=1 mb=3 schedule=1f1b", False, 2, 12.0),
+    ("1f1b 2 stages", UNIFORM_2, "tp=1 pp=2 dp=1 mb=3 schedule=1f1b", {}, 2, 12.0),
     # s0: F0 0-1 F1 1-2 B0 4-6 F2 6-7 B1 7-9 B2 10-12; s1: F0 1-2 B0 2-4 F1 4-5 B1 5-7 F2 7-8 B2 8-10.
-    ("gpipe p2p non-blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=gpipe", False, 2, 10.0),
+    ("gpipe p2p non-blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=gpipe", {}, 2, 10.0),
     # s0: F0 0-1 send 1-1.5, F1 1-2 send 2-2.5; s1: F0 1.5-2.5 F1 2.5-3.5 B0 3.5-5.5 (send 5.5-6) B1 5.5-7.5
     # (send 7.5-8); s0: B0 6-8, B1 8-10.
-    ("gpipe p2p blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=gpipe", True, 2, 11.0),
+    ("gpipe p2p blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=gpipe", {"p2p_blocking": True}, 2, 11.0),
     # sends occupy the sender: s0 F0 0-1 S 1-1.5 F1 1.5-2.5 S 2.5-3; s1 F0 1.5-2.5 F1 3-4 B0 4-6 S 6-6.5
     # B1 6.5-8.5 S 8.5-9; s0 B0 6.5-8.5, B1 9-11.
-    ("1f1b p2p non-blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=1f1b", False, 2, 10.0),
+    ("1f1b p2p non-blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=1f1b", {}, 2, 10.0),
     # s1: F0 1.5-2.5 B0 2.5-4.5 (send 4.5-5) F1 4.5-5.5 B1 5.5-7.5 (send 7.5-8); s0: B0 5-7, B1 8-10.
-    ("1f1b p2p blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=1f1b", True, 2, 10.5),
+    ("1f1b p2p blocking", UNIFORM_2_P2P, "tp=1 pp=2 dp=1 mb=2 schedule=1f1b", {"p2p_blocking": True}, 2, 10.5),
     # s0: F0 0-1 S 1-1.5 F1 1.5-2.5 S 2.5-3; s1: F0 1.5-2.5 B0 2.5-4.5 S 4.5-5 F1 5-6 B1 6-8 S 8-8.5;
     # s0: B0 5-7, B1 8.5-10.5.
-    ("grad tail, unequal stages", [(1.0, 2.0, 1000, 0.0), (2.0, 4.0, 500, 0.0)], "tp=1 pp=2 dp=2 mb=2", False, 4, 17.0),
+    ("grad tail, unequal stages", [(1.0, 2.0, 1000, 0.0), (2.0, 4.0, 500, 0.0)], "tp=1 pp=2 dp=2 mb=2", {}, 4, 17.0),
     # s0: F0 0-1 F1 1-2; s1: F0 1-3 B0 3-7 F1 7-9 B1 9-13; s0: B0 7-9 B1 13-15;
     # all-reduce of stage 0 (2000 B) 15-17, of stage 1 (1000 B) 13-14: the tail of stage 0 decides.
+    ("send and all-reduce overlap", SHARED, "tp=1 pp=2 dp=2 mb=1 schedule=gpipe", {}, 4, 10.5),
+    # s0: F 0-1, send act 1-1.5; s1: F 1.5-2.5, B 2.5-4.5, send grad 4.5-5 while its all-reduce (6000 B) runs
+    # 4.5-10.5 on its own stream; s0: B 5-7, all-reduce (1000 B) 7-8.
+    (
+        "send and all-reduce share the link",
+        SHARED,
+        "tp=1 pp=2 dp=2 mb=1 schedule=gpipe",
+        {"link_sharing": "serialize"},
+        4,
+        11.0,
+    ),
+    # stage 1's link serves the gradient send 4.5-5 (emitted first), then the all-reduce 5-11.
 ]
 
 
-@pytest.mark.parametrize(("name", "layers", "text", "blocking", "gpn", "expected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "layers", "text", "options", "gpn", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_hand_computed_iteration_time(
-    name: str, layers: list, text: str, blocking: bool, gpn: int, expected: float
+    name: str, layers: list, text: str, options: dict, gpn: int, expected: float
 ) -> None:
     strategy = Strategy.from_str(text)
     cluster = hand_cluster(nodes=strategy.num_gpus // gpn, gpus_per_node=gpn)
-    result = simulate(chain_model(layers), cluster, strategy, options=FlowOptions(p2p_blocking=blocking))
+    result = simulate(chain_model(layers), cluster, strategy, options=FlowOptions(**options))
     assert result.iteration_time_s == pytest.approx(expected, abs=1e-9)
 
 

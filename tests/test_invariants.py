@@ -90,7 +90,11 @@ def scenarios(draw: Any) -> Scenario:
         grad_sync=draw(st.sampled_from(["bulk", "wfbp"])),
         max_in_flight=draw(st.sampled_from([None, 1, 2])) if schedule == "1f1b" else None,
     )
-    options = FlowOptions(p2p_blocking=draw(st.booleans()), rank_order=draw(st.sampled_from(["tp,dp,pp", "tp,pp,dp"])))
+    options = FlowOptions(
+        p2p_blocking=draw(st.booleans()),
+        rank_order=draw(st.sampled_from(["tp,dp,pp", "tp,pp,dp"])),
+        link_sharing=draw(st.sampled_from(["structural", "serialize"])),
+    )
     return Scenario(model, cluster, strategy, options)
 
 
