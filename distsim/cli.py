@@ -218,7 +218,7 @@ def simulate(**kw: Any) -> None:
         except ValueError:
             raise DistsimError(f"--partition expects layer counts like 23:25, got {kw['partition']!r}") from None
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
-    costs = AnalyticCosts(cluster)
+    costs: AnalyticCosts | ProfileCosts = AnalyticCosts(cluster)
     if kw["profile_path"]:
         costs = ProfileCosts(load_profile(kw["profile_path"]), costs, strict=kw["strict"])
     elif kw["strict"]:
@@ -237,10 +237,17 @@ def simulate(**kw: Any) -> None:
         )
     result = run_simulation(model, cluster, strategy, costs, options)
     _write_outputs(result, kw)
+    provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        data = result.to_dict()
+        if provenance is not None:
+            data["profile"] = {"path": kw["profile_path"], "provenance": provenance}
+        click.echo(json.dumps(data, indent=2))
         return
     click.echo(_summary(result))
+    if provenance is not None:
+        what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
+        click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})")
     if kw["show_schedule"]:
         from distsim.schedules import format_grid
 

@@ -246,5 +246,7 @@ def test_profile_file_is_used_and_strict_refuses_gaps(tmp_path: Path, capsys: py
     estimated = set(data["estimated_events"])
     assert {k for k in estimated if not k.startswith("optimizer")} == set(compute["event"]) - set(kept["event"])
     assert any(k.startswith("optimizer") for k in estimated)  # the partition (so the shard) follows the costs
+    code, out, _ = run([*SIM, "--profile", str(path)], capsys)
+    assert code == 0 and f"profile: {path} (device test)" in out and "were not in the profile" in out
     code, _, err = run([*SIM, "--profile", str(path), "--strict"], capsys)
     assert code == 2 and "profile has no measurement for compute event" in err and "--strict" in err
