@@ -144,6 +144,16 @@ V100_16GB = GPU("V100-SXM2-16GB", 125 * TFLOPS, 16 * GB, 900 * GB)  # V100 datas
 A100_80GB = GPU("A100-SXM4-80GB", 312 * TFLOPS, 80 * GB, 2039 * GB)  # A100 datasheet: BF16 312 TF dense
 H100_80GB = GPU("H100-SXM5-80GB", 989 * TFLOPS, 80 * GB, 3350 * GB)  # H100 datasheet: BF16 989 TF dense
 
+CPU_CORE = GPU(
+    "x86 CPU core (1 thread)", 134e9, 10 * GB, 16 * GB, compute_efficiency=0.8, kernel_overhead_s=30e-6
+)  # measured on the development VM: fp32 matmul 134 GFLOP/s and copy 16 GB/s on one thread
+LOOPBACK = Link(2 * GB, 50e-6)  # gloo over loopback TCP (placeholder: the shipped CPU profile measures it)
+VETH_1G = Link(1 * Gbit, 100e-6)  # veth pair shaped by tc tbf to 1 Gbit/s (distsim profile --link-bandwidth 1gbit)
+CPU_SOURCE = (
+    "this project's 2-core development VM emulating nodes with one rank per core (gloo); the inter-node link is a "
+    "veth pair between network namespaces shaped to 1 Gbit/s with tc tbf; analytic figures measured with one thread "
+    "(use the shipped CPU profile for real costs)"
+)
 PCIE4 = Link(24 * GB, 10e-6)  # PCIe 4.0 x16, ~24 GB/s achieved per direction (assumed)
 IB_100G = Link(100 * Gbit, 5e-6)  # 100 Gb/s InfiniBand (assumed)
 
@@ -219,6 +229,8 @@ _PRESETS: dict[str, Cluster] = {
         8,
         source="NVIDIA DGX H100: NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB; 128 nodes",
     ),
+    "cpu-1x2": Cluster("cpu-1x2", 1, 2, CPU_CORE, LOOPBACK, VETH_1G, 1, source=CPU_SOURCE + "; one node, two ranks"),
+    "cpu-2x1": Cluster("cpu-2x1", 2, 1, CPU_CORE, LOOPBACK, VETH_1G, 1, source=CPU_SOURCE + "; two nodes, a rank each"),
 }
 PRESETS = MappingProxyType(_PRESETS)
 

@@ -11,12 +11,13 @@ Two sources implement :class:`CostSource`:
   alpha-beta model for communication with ring volumes (ring all-reduce 2(N-1)/N of the bytes and 2(N-1) latency
   steps: MG-WFBP Table II, Thakur et al. 2005). It lets every preset work before anything is profiled.
 * :class:`ProfileCosts`: measured durations from a profile database; collectives without an exact measurement use
-  the alpha-beta fit of their (collective, scope, group size), and groups larger than any profiled one scale the
+  linear interpolation between the two nearest measured sizes, else the alpha-beta fit of their (collective, scope,
+  group size), and groups larger than any profiled one scale the
   largest profiled group by ring volume, T(N) = T(n) [2(N-1)/N] / [2(n-1)/n] (DistSim Sec. 4.2). Events the profile
   lacks fall back to the analytic estimate (flagged) or, when strict, raise.
 
-Every cost says where it came from: ``given`` (in the model file), ``measured``, ``fitted``, ``scaled`` or
-``analytic``.
+Every cost says where it came from: ``given`` (in the model file), ``measured``, ``interpolated``, ``fitted``,
+``scaled`` or ``analytic``.
 """
 
 from __future__ import annotations
@@ -191,6 +192,9 @@ class ProfileCosts:
         exact = self.db.comm_exact(c, scope, n, event.nbytes)
         if exact is not None:
             return Cost(exact.median_s, "measured")
+        between = self.db.interpolate(c, scope, n, event.nbytes)
+        if between is not None:
+            return Cost(between, "interpolated")
         fit = self.db.fit(c, scope, n)
         if fit is not None:
             return Cost(fit.time_s(event.nbytes), "fitted")
@@ -199,7 +203,8 @@ class ProfileCosts:
             return None
         base = min(candidates, key=lambda f: (abs(f.group_size - n), -f.group_size))
         scale = ring_volume(c, n) / ring_volume(c, base.group_size)
-        return Cost(base.time_s(event.nbytes) * scale, "scaled")
+        at_base = self.db.interpolate(c, scope, base.group_size, event.nbytes)
+        return Cost((base.time_s(event.nbytes) if at_base is None else at_base) * scale, "scaled")
 
     def comm(self, event: CommEvent) -> Cost:
         alone = self._alone(event)
@@ -218,5 +223,8 @@ class ProfileCosts:
         m = self.db.compute.get(key)
         if m is not None:
             return Cost(m.median_s, "measured")
+        fit = self.db.compute_fit(f"optimizer/state_bytes={state_bytes_per_param}")
+        if fit is not None:
+            return Cost(fit.time_s(shard_params), "fitted")
         self._missing(f"optimizer step {key}")
         return self.fallback.optimizer(shard_params, state_bytes_per_param)

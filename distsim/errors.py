@@ -9,7 +9,9 @@ from __future__ import annotations
 
 
 class DistsimError(Exception):
-    """Base class: a problem with the user's input, reported as one line."""
+    """Base class: a problem with the user's input, reported as one line (exit status 2 unless it says otherwise)."""
+
+    exit_code = 2
 
 
 class UnknownNameError(DistsimError, KeyError):

@@ -4,23 +4,31 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
 
     {
       "schema": "distsim-profile", "version": 1,
-      "provenance": {"device": "...", "torch": "...", "nccl": "...", "backend": "nccl|gloo", "date": "...", ...},
-      "compute": {"<compute event key>": {"median_s": 1.2e-3, "p10_s": ..., "p90_s": ..., "repeats": 20}},
+      "provenance": {"device": "...", "backend": "nccl|gloo", "torch": "...", "nccl": "...", "date": "...",
+                     "runs": [{"date": ..., "command": ..., "compute_events": n, "comm_measurements": n}], ...},
+      "compute": {"<compute event key>": {"median_s": 1.2e-3, "p10_s": ..., "p90_s": ..., "repeats": 20,
+                                          "flops": 1.0e9}},
       "comm": [{"collective": "all_reduce", "scope": "intra", "group_size": 2, "bytes": 1048576,
-                "median_s": 2.1e-4, "p10_s": ..., "p90_s": ..., "repeats": 20}, ...],
+                "median_s": 2.1e-4, "p10_s": ..., "p90_s": ..., "repeats": 20, "note": "..."}, ...],
       "fits": [{"collective": "all_reduce", "scope": "intra", "group_size": 2,
-                "alpha_s": 1.5e-5, "beta_s_per_byte": 1.9e-10, "points": 8}, ...]
+                "alpha_s": 1.5e-5, "beta_s_per_byte": 1.9e-10, "points": 8}, ...],
+      "compute_fits": [{"family": "optimizer/state_bytes=16", "alpha_s": ..., "beta_s_per_unit": ..., "points": 4}]
     }
 
 Compute keys are ``ComputeEvent.key`` strings (see ``distsim.costs``), so the profiler and the simulator agree by
 construction. Collectives are ``all_reduce``, ``all_gather``, ``reduce_scatter`` and ``p2p``; scope is ``intra`` or
-``inter``. This module is pure: reading and writing files lives in ``distsim.io``.
+``inter``. Fits are derived from the measurements (least squares, alpha and beta kept >= 0) and recomputed whenever
+profiles are merged. This module is pure: reading and writing files lives in ``distsim.io``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import itertools
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from distsim.errors import ProfileError
 
@@ -28,6 +36,7 @@ SCHEMA = "distsim-profile"
 VERSION = 1
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 SCOPES = ("intra", "inter")
+_OPTIMIZER_KEY = re.compile(r"^optimizer/params=(\d+)/state_bytes=(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,8 @@ class Measurement:
     p10_s: float | None = None
     p90_s: float | None = None
     repeats: int = 1
+    flops: float | None = None
+    """FLOPs of the event as counted by torch (for achieved FLOP/s), if known."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,12 @@ class CommMeasurement:
     p10_s: float | None = None
     p90_s: float | None = None
     repeats: int = 1
+    note: str | None = None
+    """How the backend implemented it, where that differs from the collective's name."""
+
+    @property
+    def group(self) -> tuple[str, str, int]:
+        return (self.collective, self.scope, self.group_size)
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,69 @@ class AlphaBetaFit:
     def time_s(self, nbytes: float) -> float:
         return self.alpha_s + self.beta_s_per_byte * nbytes
 
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return 1 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """T(units) = alpha_s + beta_s_per_unit * units for a family of compute events (optimizer step: parameters)."""
+
+    family: str
+    alpha_s: float
+    beta_s_per_unit: float
+    points: int = 0
+
+    def time_s(self, units: float) -> float:
+        return self.alpha_s + self.beta_s_per_unit * units
+
+
+def fit_linear(xs: list[float], ts: list[float]) -> tuple[float, float]:
+    """(alpha, beta) of the least-squares line t = alpha + beta x, both kept >= 0.
+
+    Absolute (not relative) error: measured sizes are interpolated, so the fit's job is to extrapolate, mostly to
+    messages larger than those measured, where the slope (bandwidth) matters.
+    """
+    x, t = np.asarray(xs, dtype=float), np.asarray(ts, dtype=float)
+    a = np.stack([np.ones_like(x), x], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, t, rcond=None)
+    if alpha < 0:  # through the origin
+        alpha, beta = 0.0, float(np.sum(x * t) / max(np.sum(x * x), 1e-300))
+    if beta < 0:  # a flat curve: the mean
+        alpha, beta = float(np.mean(t)), 0.0
+    return float(alpha), float(beta)
+
+
+def fit_comm(measurements: tuple[CommMeasurement, ...]) -> tuple[AlphaBetaFit, ...]:
+    """One fit per (collective, scope, group size) that has at least two distinct sizes."""
+    groups: dict[tuple[str, str, int], list[CommMeasurement]] = {}
+    for m in measurements:
+        groups.setdefault(m.group, []).append(m)
+    fits = []
+    for (c, scope, n), ms in sorted(groups.items()):
+        if len({m.bytes for m in ms}) < 2:
+            continue
+        alpha, beta = fit_linear([m.bytes for m in ms], [m.median_s for m in ms])
+        fits.append(AlphaBetaFit(c, scope, n, alpha, beta, len(ms)))
+    return tuple(fits)
+
+
+def fit_optimizer(compute: dict[str, Measurement]) -> tuple[ComputeFit, ...]:
+    """Optimizer-step time against parameters, per bytes-of-state, from the measured optimizer events."""
+    groups: dict[int, list[tuple[int, float]]] = {}
+    for key, m in compute.items():
+        match = _OPTIMIZER_KEY.match(key)
+        if match:
+            groups.setdefault(int(match.group(2)), []).append((int(match.group(1)), m.median_s))
+    fits = []
+    for state, pts in sorted(groups.items()):
+        if len({p for p, _ in pts}) < 2:
+            continue
+        alpha, beta = fit_linear([p for p, _ in pts], [t for _, t in pts])
+        fits.append(ComputeFit(f"optimizer/state_bytes={state}", alpha, beta, len(pts)))
+    return tuple(fits)
+
 
 @dataclass(frozen=True)
 class ProfileDB:
@@ -71,6 +151,7 @@ class ProfileDB:
     compute: dict[str, Measurement] = field(default_factory=dict)
     comm: tuple[CommMeasurement, ...] = ()
     fits: tuple[AlphaBetaFit, ...] = ()
+    compute_fits: tuple[ComputeFit, ...] = ()
 
     # ---------------------------------------------------------------------------------------------- lookups
     def comm_exact(self, collective: str, scope: str, group_size: int, nbytes: int) -> CommMeasurement | None:
@@ -85,22 +166,76 @@ class ProfileDB:
                 return f
         return None
 
-    def largest_fit(self, collective: str, scope: str) -> AlphaBetaFit | None:
-        cands = [f for f in self.fits if f.collective == collective and f.scope == scope]
-        return max(cands, key=lambda f: f.group_size) if cands else None
+    def interpolate(self, collective: str, scope: str, group_size: int, nbytes: int) -> float | None:
+        """Time at `nbytes` by linear interpolation between the nearest measured sizes around it, or None."""
+        points = sorted((m.bytes, m.median_s) for m in self.comm if m.group == (collective, scope, group_size))
+        for (b0, t0), (b1, t1) in itertools.pairwise(points):
+            if b0 <= nbytes <= b1 and b1 > b0:
+                return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+        return None
+
+    def compute_fit(self, family: str) -> ComputeFit | None:
+        return next((f for f in self.compute_fits if f.family == family), None)
+
+    # ------------------------------------------------------------------------------------------ derive, merge
+    def refit(self) -> ProfileDB:
+        """The same measurements with their fits recomputed."""
+        return replace(self, fits=fit_comm(self.comm), compute_fits=fit_optimizer(self.compute))
+
+    def incompatibility(self, provenance: dict[str, Any]) -> str | None:
+        """Why measurements taken under `provenance` cannot extend this profile, or None.
+
+        Compute times depend on the device and, on CPUs, the threads per rank; communication on the backend (a
+        compute-only run, backend ``none``, extends any profile of the same device).
+        """
+        mine = self.provenance
+        for key, what in (("device", "device"), ("threads_per_rank", "threads per rank")):
+            a, b = mine.get(key), provenance.get(key)
+            if a is not None and b is not None and a != b:
+                return f"the profile was measured with {what} {a!r}, this run would use {b!r}"
+        a, b = mine.get("backend"), provenance.get("backend")
+        if a not in (None, "none") and b not in (None, "none") and a != b:
+            return f"the profile's communication was measured with {a!r}, this run would use {b!r}"
+        return None
+
+    def merge(self, newer: ProfileDB) -> ProfileDB:
+        """This profile extended by `newer` (whose measurements win where both have one); fits recomputed.
+
+        Measurements of another device, thread count or communication backend are refused (see incompatibility).
+        """
+        problem = self.incompatibility(newer.provenance)
+        if problem:
+            raise ProfileError(f"cannot extend this profile: {problem}")
+        comm = {(m.group, m.bytes): m for m in self.comm}
+        comm.update({(m.group, m.bytes): m for m in newer.comm})
+        provenance = {**self.provenance, **{k: v for k, v in newer.provenance.items() if k != "runs"}}
+        if newer.provenance.get("backend") == "none" and self.provenance.get("backend"):
+            provenance["backend"] = self.provenance["backend"]  # a compute-only run keeps the communication's
+            for key in ("nodes", "procs_per_node", "emulation", "note"):
+                if key in self.provenance:
+                    provenance[key] = self.provenance[key]
+                else:
+                    provenance.pop(key, None)
+        provenance["runs"] = [*self.provenance.get("runs", []), *newer.provenance.get("runs", [])]
+        return ProfileDB(
+            provenance=provenance,
+            compute={**self.compute, **newer.compute},
+            comm=tuple(comm[k] for k in sorted(comm)),
+        ).refit()
 
     # -------------------------------------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:
+        def clean(d: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in d.items() if v is not None}
+
         return {
             "schema": SCHEMA,
             "version": VERSION,
             "provenance": dict(self.provenance),
-            "compute": {
-                k: {"median_s": m.median_s, "p10_s": m.p10_s, "p90_s": m.p90_s, "repeats": m.repeats}
-                for k, m in sorted(self.compute.items())
-            },
-            "comm": [vars(m).copy() for m in self.comm],
+            "compute": {k: clean(vars(m)) for k, m in sorted(self.compute.items())},
+            "comm": [clean(vars(m)) for m in self.comm],
             "fits": [vars(f).copy() for f in self.fits],
+            "compute_fits": [vars(f).copy() for f in self.compute_fits],
         }
 
     @classmethod
@@ -115,9 +250,15 @@ class ProfileDB:
             compute = {str(k): _measurement(v) for k, v in dict(data.get("compute", {})).items()}
             comm = tuple(_comm(m) for m in data.get("comm", []))
             fits = tuple(_fit(f) for f in data.get("fits", []))
+            compute_fits = tuple(
+                ComputeFit(str(f["family"]), float(f["alpha_s"]), _positive(f["beta_s_per_unit"], "beta_s_per_unit"),
+                           int(f.get("points", 0)))
+                for f in data.get("compute_fits", [])
+            )  # fmt: skip
+            provenance = dict(data.get("provenance", {}))
         except (TypeError, ValueError, KeyError) as exc:
-            raise ProfileError(f"{where}: malformed entry ({exc})") from None
-        return cls(dict(data.get("provenance", {})), compute, comm, fits)
+            raise ProfileError(f"{where}: malformed entry ({exc.__class__.__name__}: {exc})") from None
+        return cls(provenance, compute, comm, fits, compute_fits)
 
 
 def _positive(value: Any, name: str) -> float:
@@ -133,6 +274,7 @@ def _measurement(v: Any) -> Measurement:
         p10_s=None if v.get("p10_s") is None else float(v["p10_s"]),
         p90_s=None if v.get("p90_s") is None else float(v["p90_s"]),
         repeats=int(v.get("repeats", 1)),
+        flops=None if v.get("flops") is None else float(v["flops"]),
     )
 
 
@@ -150,16 +292,13 @@ def _check_comm_fields(v: dict[str, Any]) -> tuple[str, str, int]:
 def _comm(v: dict[str, Any]) -> CommMeasurement:
     collective, scope, n = _check_comm_fields(v)
     m = _measurement(v)
-    return CommMeasurement(collective, scope, n, int(v["bytes"]), m.median_s, m.p10_s, m.p90_s, m.repeats)
+    note = None if v.get("note") is None else str(v["note"])
+    return CommMeasurement(collective, scope, n, int(v["bytes"]), m.median_s, m.p10_s, m.p90_s, m.repeats, note)
 
 
 def _fit(v: dict[str, Any]) -> AlphaBetaFit:
     collective, scope, n = _check_comm_fields(v)
     return AlphaBetaFit(
-        collective,
-        scope,
-        n,
-        float(v["alpha_s"]),
-        _positive(v["beta_s_per_byte"], "beta_s_per_byte"),
+        collective, scope, n, float(v["alpha_s"]), _positive(v["beta_s_per_byte"], "beta_s_per_byte"),
         int(v.get("points", 0)),
-    )
+    )  # fmt: skip

@@ -67,6 +67,8 @@ class Block:
     """Bytes per sample all-reduced over the tp group after the forward (0: no collective)."""
     tp_bwd_allreduce_bytes: float = 0.0
     """Bytes per sample all-reduced over the tp group in backward (0: no collective)."""
+    replicated_params: int = 0
+    """Of ``params``, those every tp rank keeps whole when sharded (LayerNorms, a row-parallel bias, positions)."""
     fwd_s: float | None = None
     """Forward time per micro-batch given directly (what-if and hand-checkable cases); overrides any estimate."""
     bwd_s: float | None = None
@@ -75,6 +77,8 @@ class Block:
     def __post_init__(self) -> None:
         if self.tp not in ("shard", "replicate", "none"):
             raise ModelFileError(f"block {self.op!r}: tp must be shard, replicate or none, not {self.tp!r}")
+        if not 0 <= self.replicated_params <= self.params:
+            raise ModelFileError(f"block {self.op!r}: replicated_params must be between 0 and params")
         for name in ("fwd_flops", "params", "io_bytes", "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes"):
             if getattr(self, name) < 0:
                 raise ModelFileError(f"block {self.op!r}: {name} must be >= 0")
@@ -88,7 +92,10 @@ class Block:
         return self.fwd_s is not None or self.bwd_s is not None
 
     def shard_params(self, tp: int) -> float:
-        return self.params / tp if self.tp == "shard" else float(self.params)
+        """Parameters one tp rank holds: the split part divided by tp plus the replicated part."""
+        if self.tp != "shard":
+            return float(self.params)
+        return (self.params - self.replicated_params) / tp + self.replicated_params
 
     def shape_str(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.shape)

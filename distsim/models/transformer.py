@@ -33,15 +33,18 @@ def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = N
         flops = 4 * s * h * h + 4 * kv_seq * h * h + 4 * s * kv_seq * h
         io = e * (6 * s * h + 2 * kv_seq * h + 2 * a * s * kv_seq)
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
+    # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
+    bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
     return Block(
         op=op,
         shape=shape,
         fwd_flops=float(flops),
         params=4 * h * h + 4 * h + 2 * h,
+        replicated_params=3 * h,  # LayerNorm (2h) and the row-parallel output bias (h) stay whole on every rank
         io_bytes=float(io),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
-        tp_bwd_allreduce_bytes=float(s * h * e),
+        tp_bwd_allreduce_bytes=float(bwd_bytes),
     )
 
 
@@ -52,6 +55,7 @@ def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
         shape=(("h", h), ("ffn", f), ("seq", s)),
         fwd_flops=float(4 * s * h * f),
         params=2 * h * f + f + h + 2 * h,
+        replicated_params=3 * h,  # LayerNorm and the second projection's bias
         io_bytes=float(e * (4 * s * h + 4 * s * f)),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
@@ -93,9 +97,10 @@ def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positio
     e = p.act_bytes
     block = Block(
         op="embedding",
-        shape=(("vocab", vocab), ("h", h), ("seq", s)),
+        shape=(("vocab", vocab), ("h", h), ("seq", s), ("positions", int(positions))),
         fwd_flops=float(2 * s * h),
         params=vocab * h + (s * h if positions else 0),
+        replicated_params=s * h if positions else 0,  # learned position embeddings are not vocab-split
         io_bytes=float(3 * s * h * e),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
@@ -124,6 +129,7 @@ def lm_head_layer(
         shape=(("vocab", vocab), ("h", h), ("seq", s)),
         fwd_flops=float(2 * s * h * vocab),
         params=vocab * h + 2 * h,
+        replicated_params=2 * h,  # the final LayerNorm
         io_bytes=float(e * (2 * s * h) + 4 * s * vocab),
         tp="shard",
         tp_fwd_allreduce_bytes=float(3 * s * 4),

@@ -1,107 +1,122 @@
-"""Built-in workloads, each citing the source of its dimensions."""
+"""Built-in workloads, each citing the source of its dimensions.
+
+A model is named by a *spec*: a zoo name, optionally with size overrides, e.g. ``gpt2-345m:seq=128,layers=4`` or
+``resnet50:image=64,precision=fp32``. The canonical spec (overrides sorted) becomes the model's name, so profiles
+and traces record exactly which model they describe.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
-from distsim.errors import UnknownNameError, suggest
+from distsim.errors import ModelFileError, UnknownNameError, suggest
 from distsim.models.cnn import inception_v3, resnet50, vgg16, vgg19
-from distsim.models.graph import Model
+from distsim.models.graph import PRECISIONS, Model
 from distsim.models.transformer import decoder_only, encoder_decoder
 
 GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
+_DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision")
+_T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision")
+_CNN_KEYS = ("image", "classes", "precision")
 
 
 @dataclass(frozen=True)
 class ZooEntry:
-    build: Callable[[], Model]
+    build: Callable[..., Model]
+    """Builder taking the overrides in `keys` as keyword arguments."""
     family: str
+    keys: tuple[str, ...]
+    """Overrides a spec may give, e.g. seq, layers, precision."""
 
 
-def _bert_large() -> Model:
-    return decoder_only(
-        "bert-large",
-        24,
-        1024,
-        16,
-        512,
-        30522,
-        source="Devlin et al. 2019, BERT-Large (L=24, H=1024, A=16); seq 512 as in DistSim/Megatron-LM",
-    )
+def _decoder(name: str, layers: int, h: int, heads: int, seq: int, vocab: int, source: str) -> ZooEntry:
+    def build(**kw: Any) -> Model:
+        precision = kw.get("precision", PRECISIONS["fp16-mixed"])
+        return decoder_only(
+            name, kw.get("layers", layers), kw.get("hidden", h), kw.get("heads", heads), kw.get("seq", seq),
+            kw.get("vocab", vocab), source=source, f=kw.get("ffn"), precision=precision,
+        )  # fmt: skip
+
+    return ZooEntry(build, "transformer", _DECODER_KEYS)
 
 
-def _bert_exlarge() -> Model:
-    return decoder_only(
-        "bert-exlarge",
-        48,
-        1024,
-        16,
-        512,
-        30522,
-        source="DistSim (CF'23) Sec. 6: BERT with 48 transformer layers (DAPPLE's BERT-48, 640M)",
-    )
-
-
-def _gpt2_345m() -> Model:
-    return decoder_only(
-        "gpt2-345m",
-        24,
-        1024,
-        16,
-        1024,
-        50257,
-        source="Radford et al. 2019 GPT-2 medium; Megatron-LM's 345M config (24 x 1024, 16 heads)",
-    )
-
-
-def _t5_base() -> Model:
+def _t5(**kw: Any) -> Model:
+    layers = kw.get("layers", 12)
     return encoder_decoder(
-        "t5-base",
-        12,
-        12,
-        768,
-        12,
-        3072,
-        512,
-        128,
-        32128,
+        "t5-base", layers, layers, kw.get("hidden", 768), kw.get("heads", 12), kw.get("ffn", 3072), kw.get("seq", 512),
+        kw.get("dec_seq", 128), kw.get("vocab", 32128),
         source="Raffel et al. 2020, T5-base (d_model 768, d_ff 3072, 12 heads, 12+12 layers); "
         "Megatron-LM T5 sequence lengths 512/128",
-    )
+        precision=kw.get("precision", PRECISIONS["fp16-mixed"]),
+    )  # fmt: skip
 
 
-def _gpt3(name: str, layers: int, h: int, heads: int, note: str = "") -> Callable[[], Model]:
-    def build() -> Model:
-        return decoder_only(name, layers, h, heads, 2048, 50257, source=GPT3 + note)
+def _cnn(fn: Callable[..., Model], family: str = "cnn") -> ZooEntry:
+    def build(**kw: Any) -> Model:
+        return fn(**{k: v for k, v in kw.items() if k in _CNN_KEYS})
 
-    return build
+    return ZooEntry(build, family, _CNN_KEYS)
 
 
 _ZOO: dict[str, ZooEntry] = {
-    "bert-large": ZooEntry(_bert_large, "transformer"),
-    "bert-exlarge": ZooEntry(_bert_exlarge, "transformer"),
-    "gpt2-345m": ZooEntry(_gpt2_345m, "transformer"),
-    "t5-base": ZooEntry(_t5_base, "transformer (encoder-decoder)"),
-    "gpt3-1.3b": ZooEntry(_gpt3("gpt3-1.3b", 24, 2048, 16), "transformer"),
-    "gpt3-6.7b": ZooEntry(_gpt3("gpt3-6.7b", 32, 4096, 32), "transformer"),
-    "gpt3-13b": ZooEntry(
-        _gpt3("gpt3-13b", 40, 5120, 40, "; d_model 5120 (the table's 5140 is not divisible by its 40 heads)"),
-        "transformer",
-    ),
-    "gpt3-175b": ZooEntry(_gpt3("gpt3-175b", 96, 12288, 96), "transformer"),
-    "vgg16": ZooEntry(vgg16, "cnn"),
-    "vgg19": ZooEntry(vgg19, "cnn"),
-    "resnet50": ZooEntry(resnet50, "cnn"),
-    "inception-v3": ZooEntry(inception_v3, "cnn (branching)"),
-}
+    "bert-large": _decoder("bert-large", 24, 1024, 16, 512, 30522,
+                           "Devlin et al. 2019, BERT-Large (L=24, H=1024, A=16); seq 512 as in DistSim/Megatron-LM"),
+    "bert-exlarge": _decoder("bert-exlarge", 48, 1024, 16, 512, 30522,
+                             "DistSim (CF'23) Sec. 6: BERT with 48 transformer layers (DAPPLE's BERT-48, 640M)"),
+    "gpt2-345m": _decoder("gpt2-345m", 24, 1024, 16, 1024, 50257,
+                          "Radford et al. 2019 GPT-2 medium; Megatron-LM's 345M config (24 x 1024, 16 heads)"),
+    "t5-base": ZooEntry(_t5, "transformer (encoder-decoder)", _T5_KEYS),
+    "gpt3-1.3b": _decoder("gpt3-1.3b", 24, 2048, 16, 2048, 50257, GPT3),
+    "gpt3-6.7b": _decoder("gpt3-6.7b", 32, 4096, 32, 2048, 50257, GPT3),
+    "gpt3-13b": _decoder("gpt3-13b", 40, 5120, 40, 2048, 50257,
+                         GPT3 + "; d_model 5120 (the table's 5140 is not divisible by its 40 heads)"),
+    "gpt3-175b": _decoder("gpt3-175b", 96, 12288, 96, 2048, 50257, GPT3),
+    "vgg16": _cnn(vgg16),
+    "vgg19": _cnn(vgg19),
+    "resnet50": _cnn(resnet50),
+    "inception-v3": _cnn(inception_v3, "cnn (branching)"),
+}  # fmt: skip
 ZOO = MappingProxyType(_ZOO)
 
 
-def get_model(name: str) -> Model:
-    """A zoo model by name (case-insensitive)."""
-    entry = ZOO.get(name.lower())
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'name:key=value,key=value' -> (name, {key: value})."""
+    name, _, rest = spec.partition(":")
+    overrides: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ModelFileError(f"cannot read {item!r} in model spec {spec!r}; write name:key=value,key=value")
+        overrides[key.strip()] = value.strip()
+    return name.strip().lower(), overrides
+
+
+def get_model(spec: str) -> Model:
+    """A zoo model by name, with optional size overrides (``gpt2-345m:seq=128,layers=4,precision=fp32``)."""
+    name, raw = parse_spec(spec)
+    entry = ZOO.get(name)
     if entry is None:
         raise UnknownNameError(f"unknown model {name!r}{suggest(name, list(ZOO))}")
-    return entry.build()
+    kw: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in entry.keys:
+            raise ModelFileError(f"model {name} takes overrides {', '.join(entry.keys)}; not {key!r}")
+        if key == "precision":
+            if value not in PRECISIONS:
+                raise ModelFileError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
+            kw[key] = PRECISIONS[value]
+        else:
+            try:
+                kw[key] = int(value)
+            except ValueError:
+                raise ModelFileError(f"model override {key} must be an integer, got {value!r}") from None
+            if kw[key] < 1:
+                raise ModelFileError(f"model override {key} must be >= 1, got {value}")
+    model = entry.build(**kw)
+    if raw:
+        canonical = name + ":" + ",".join(f"{k}={raw[k]}" for k in sorted(raw))
+        model = model.with_layers(model.layers, name=canonical)
+    return model

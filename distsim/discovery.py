@@ -1,0 +1,123 @@
+"""Event discovery: the distinct events a set of strategies needs, against how many events they contain.
+
+DistSim's saving (Sec. 3.1, Table 3): identical layers, micro-batches, replicas and tensor-parallel ranks share an
+event, so a handful of measurements covers a thousand-GPU run. ``discover`` builds each strategy's event flow with a
+cost source that records every event it is asked about, and counts how many per-GPU events each distinct event stands
+for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from distsim.cluster import Cluster
+from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
+from distsim.errors import DistsimError
+from distsim.events import FlowOptions, build_flow
+from distsim.models.graph import Model
+from distsim.strategy import Strategy
+
+
+@dataclass
+class RecordingCosts:
+    """A cost source that remembers every event it costs (and delegates the costing)."""
+
+    inner: CostSource
+    compute_events: dict[str, ComputeEvent] = field(default_factory=dict)
+    comm_events: dict[str, CommEvent] = field(default_factory=dict)
+    optimizer_events: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def compute(self, event: ComputeEvent) -> Cost:
+        self.compute_events[event.key] = event
+        return self.inner.compute(event)
+
+    def comm(self, event: CommEvent) -> Cost:
+        self.comm_events[event.key] = event
+        return self.inner.comm(event)
+
+    def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
+        self.optimizer_events[optimizer_key(shard_params, state_bytes_per_param)] = (
+            shard_params,
+            state_bytes_per_param,
+        )
+        return self.inner.optimizer(shard_params, state_bytes_per_param)
+
+
+@dataclass(frozen=True)
+class StrategyEvents:
+    strategy: Strategy
+    events_total: int
+    events_unique: int
+
+
+@dataclass
+class Discovery:
+    model: Model
+    cluster: Cluster
+    strategies: list[StrategyEvents]
+    compute: dict[str, ComputeEvent]
+    comm: dict[str, CommEvent]
+    optimizer: dict[str, tuple[float, int]]
+    occurrences: dict[str, int]
+    """Per-GPU events each distinct event stands for, summed over the strategies."""
+
+    @property
+    def events_total(self) -> int:
+        return sum(s.events_total for s in self.strategies)
+
+    @property
+    def events_unique(self) -> int:
+        return len(self.occurrences)
+
+    @property
+    def measurable_compute(self) -> dict[str, ComputeEvent]:
+        """Compute events whose time is not given by the model file."""
+        return {k: e for k, e in self.compute.items() if not e.block.has_given_time}
+
+    @property
+    def comm_groups(self) -> dict[tuple[str, str, int], set[int]]:
+        """(collective, scope, group size) -> the message sizes the strategies send."""
+        out: dict[tuple[str, str, int], set[int]] = {}
+        for e in self.comm.values():
+            out.setdefault((e.collective, e.scope, e.group_size), set()).add(e.nbytes)
+        return out
+
+    def report(self) -> str:
+        n = len(self.strategies)
+        groups = self.comm_groups
+        lines = [
+            f"{n} strateg{'y' if n == 1 else 'ies'} of {self.model.name} on {self.cluster.name}: "
+            f"{self.events_total:,} per-GPU events, {self.events_unique} distinct",
+            f"  compute        {len(self.compute)} distinct ({len(self.measurable_compute)} to measure, "
+            f"{len(self.compute) - len(self.measurable_compute)} given by the model)",
+            f"  optimizer      {len(self.optimizer)} distinct shard sizes",
+            f"  communication  {len(self.comm)} distinct, in {len(groups)} (collective, scope, group size) families: "
+            + ", ".join(f"{c} {s} x{g}" for c, s, g in sorted(groups)),
+        ]
+        return "\n".join(lines)
+
+
+def discover(
+    model: Model, cluster: Cluster, strategies: list[Strategy], costs: CostSource, options: FlowOptions | None = None
+) -> Discovery:
+    """Distinct events of every strategy (each must fit `cluster`), with how often each occurs."""
+    if not strategies:
+        raise DistsimError("no strategies to discover events for")
+    recorder = RecordingCosts(costs)
+    occurrences: dict[str, int] = {}
+    per_strategy = []
+    for strategy in strategies:
+        flow = build_flow(model, cluster, strategy, recorder, options)
+        weight = {g: len(r) for g, r in flow.represents.items()}
+        for k, slots in zip(flow.key, flow.slots, strict=True):
+            key = flow.keys[k]
+            occurrences[key] = occurrences.get(key, 0) + sum(weight[g] for g, _ in slots)
+        per_strategy.append(StrategyEvents(strategy, flow.events_total, flow.events_unique))
+    return Discovery(
+        model, cluster, per_strategy, recorder.compute_events, recorder.comm_events, recorder.optimizer_events,
+        occurrences,
+    )  # fmt: skip

@@ -1,0 +1,254 @@
+"""Launch the ranks of a distributed job on one machine, emulating several nodes.
+
+Each rank is a Python process given the environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). With a link bandwidth, and as root on Linux, each emulated
+node runs in its own network namespace; the two namespaces are joined by a veth pair whose both ends are shaped with
+``tc qdisc ... tbf``, so traffic between nodes crosses a slower link while traffic inside a node stays on the local
+stack. The namespaces are removed on exit, on failure and on Ctrl-C; stale ones left by a killed launcher are removed
+at the next start.
+
+The launcher watches its ranks: if one exits with an error the others are stopped and the error (the rank's last
+message) is raised; if they are not done within the timeout they are stopped and a timeout is raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distsim.errors import DistsimError
+
+NS_PREFIX = "distsim-"
+_RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$", re.IGNORECASE)
+
+
+class RunError(DistsimError):
+    """A launched job failed while running (a rank died, hung, or the environment refused)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Emulation:
+    nodes: int = 1
+    procs_per_node: int = 1
+    link_bandwidth: str | None = None
+    """tc rate of the link between the two emulated nodes, e.g. ``1gbit``; None: all ranks on loopback."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.procs_per_node < 1:
+            raise DistsimError("--emulate-nodes and --procs-per-node must be >= 1")
+        if self.link_bandwidth is not None:
+            if not _RATE.match(self.link_bandwidth):
+                raise DistsimError(
+                    f"--link-bandwidth takes a tc rate such as 1gbit or 100mbit, not {self.link_bandwidth!r}"
+                )
+            if self.nodes != 2:
+                raise DistsimError(f"--link-bandwidth joins exactly two emulated nodes, not {self.nodes}")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def to_dict(self) -> dict[str, object]:
+        return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "link_bandwidth": self.link_bandwidth,
+                "network_namespaces": self.link_bandwidth is not None}  # fmt: skip
+
+
+def netns_problem() -> str | None:
+    """Why network namespaces cannot be used here, or None."""
+    if not sys.platform.startswith("linux"):
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"the {tool!r} command (iproute2) is not installed"
+    return None
+
+
+def _run(*cmd: str) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RunError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_namespaces() -> None:
+    """Delete distsim namespaces whose launcher is gone (it was killed before it could clean up)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.match(rf"^{NS_PREFIX}(\d+)-\d+$", name)
+        if m and not _alive(int(m.group(1))):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@dataclass
+class NetnsNodes:
+    """Two network namespaces joined by a shaped veth pair (use as a context manager)."""
+
+    bandwidth: str
+    names: list[str] = field(default_factory=list)
+    addresses: list[str] = field(default_factory=list)
+    ifnames: list[str] = field(default_factory=list)
+
+    def __enter__(self) -> NetnsNodes:
+        problem = netns_problem()
+        if problem:
+            raise DistsimError(f"--link-bandwidth needs network namespaces, but {problem}; "
+                               "drop --link-bandwidth to emulate the nodes on loopback")  # fmt: skip
+        remove_stale_namespaces()
+        pid, subnet = os.getpid(), random.randint(16, 250)
+        self.names = [f"{NS_PREFIX}{pid}-{k}" for k in range(2)]
+        self.ifnames = [f"dsv{pid % 100000}a", f"dsv{pid % 100000}b"]
+        self.addresses = [f"10.{subnet}.{pid % 250}.1", f"10.{subnet}.{pid % 250}.2"]
+        try:
+            for name in self.names:
+                _run("ip", "netns", "add", name)
+            _run("ip", "link", "add", self.ifnames[0], "type", "veth", "peer", "name", self.ifnames[1])
+            burst = _burst_bytes(self.bandwidth)
+            for name, ifname, addr in zip(self.names, self.ifnames, self.addresses, strict=True):
+                _run("ip", "link", "set", ifname, "netns", name)
+                _run("ip", "-n", name, "addr", "add", f"{addr}/24", "dev", ifname)
+                _run("ip", "-n", name, "link", "set", "lo", "up")
+                _run("ip", "-n", name, "link", "set", ifname, "up")
+                _run("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", ifname, "root", "tbf",
+                     "rate", self.bandwidth, "burst", str(burst), "latency", "100ms")  # fmt: skip
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    def prefix(self, node: int) -> list[str]:
+        return ["ip", "netns", "exec", self.names[node]]
+
+
+def _burst_bytes(rate: str) -> int:
+    """A tbf bucket that holds at least one timer tick (4 ms) of traffic at `rate`, and at least 64 KiB."""
+    m = re.match(r"^(\d+(?:\.\d+)?)([a-z]+)$", rate.lower())
+    assert m is not None
+    value, unit = float(m.group(1)), m.group(2)
+    scale = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+             "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}[unit]  # fmt: skip
+    return max(64 * 1024, int(value * scale / 8 * 0.004))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _last_message(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (errors or lines or [""])[-1][:300]
+
+
+@contextlib.contextmanager
+def _terminate_on_signal() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so that cleanup (children, namespaces) runs."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: float, what: str = "job") -> None:
+    """Run `python -m module` as emulation.world ranks; raise RunError if any rank fails or time runs out."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if emulation.world > cores:
+        print(f"warning: {emulation.world} ranks on {cores} cores: ranks share cores, so compute timings will be "
+              "distorted", file=sys.stderr)  # fmt: skip
+    with contextlib.ExitStack() as stack, _terminate_on_signal():
+        netns = stack.enter_context(NetnsNodes(emulation.link_bandwidth)) if emulation.link_bandwidth else None
+        logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distsim-launch-")))
+        master = netns.addresses[0] if netns else "127.0.0.1"
+        port = _free_port() if netns is None else random.randint(20000, 60000)
+        procs: list[subprocess.Popen[bytes]] = []
+        stack.callback(_stop, procs)
+        for rank in range(emulation.world):
+            node, local = divmod(rank, emulation.procs_per_node)
+            rank_env = {
+                **os.environ, **env,
+                "RANK": str(rank), "WORLD_SIZE": str(emulation.world), "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(emulation.procs_per_node), "GROUP_RANK": str(node),
+                "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(max(1, cores // emulation.world)),
+                "GLOO_SOCKET_IFNAME": netns.ifnames[node] if netns else "lo",
+                "DISTSIM_PIN_CPU": str(rank % cores),
+                "PYTHONUNBUFFERED": "1",
+            }  # fmt: skip
+            cmd = [*(netns.prefix(node) if netns else []), sys.executable, "-m", module]
+            log = open(logdir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed when the process ends
+            stack.callback(log.close)
+            # rank 0 reports progress on our stderr; the others write to a log we quote if they fail
+            procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.DEVNULL,
+                                          stderr=None if rank == 0 else log, start_new_session=True))  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                message = _last_message(logdir / f"rank{rank}.log") if rank else "see its messages above"
+                raise RunError(f"{what} failed: rank {rank} exited with status {code}"
+                               + (f": {message}" if message else ""))  # fmt: skip
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                running = [r for r, c in enumerate(codes) if c is None]
+                raise RunError(f"{what} did not finish within {timeout_s:g} s (--timeout); rank(s) "
+                               f"{', '.join(map(str, running))} still running, stopped them")  # fmt: skip
+            time.sleep(0.1)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every rank still running (its whole process group), then kill what does not stop."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

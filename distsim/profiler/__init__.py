@@ -1,0 +1,1 @@
+"""Torch-side code: block modules, compute and communication profiling."""

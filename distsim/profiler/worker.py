@@ -1,0 +1,238 @@
+"""One profiling rank: the same code under torchrun on real nodes and under `distsim profile --emulate-nodes`.
+
+Every rank derives the same plan from the configuration (event discovery is deterministic), measures its share of
+the compute events, joins every communication measurement, and sends its results to rank 0, which writes the
+profile database once every rank has finished. A single process (no torchrun) profiles compute events only.
+
+Environment (set by torchrun or by the emulation launcher): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT. DISTSIM_PIN_CPU pins a rank to one core; DISTSIM_FAULT injects a failure for tests
+(``rank=1,at=compute,mode=die|hang``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from distsim.errors import DistsimError
+
+CONFIG_ENV = "DISTSIM_PROFILE_CONFIG"
+
+
+@dataclass
+class ProfileConfig:
+    """Everything a rank needs; JSON-serialisable so the launcher can hand it to workers."""
+
+    model: str
+    cluster: str
+    strategies: list[str]
+    out: str
+    nodes: int | None = None
+    """Only for the emulation launcher's provenance; torchrun runs read the layout from the environment."""
+    warmup: int = 2
+    repeats: int = 10
+    comm_warmup: int = 2
+    comm_repeats: int = 5
+    max_comm_bytes: int = 16 * 2**20
+    max_group: int = 8
+    max_optimizer_params: int = 32 * 2**20
+    timeout_s: float = 900.0
+    overwrite: bool = False
+    compute: bool = True
+    comm: bool = True
+    emulation: dict[str, Any] = field(default_factory=dict)
+    command: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ProfileConfig:
+        return cls(**json.loads(text))
+
+
+def _log(message: str) -> None:
+    print(f"[distsim profile] {message}", file=sys.stderr, flush=True)
+
+
+def _fault(rank: int, stage: str) -> None:
+    """Test hook: DISTSIM_FAULT=rank=R,at=STAGE,mode=die|hang makes rank R fail at STAGE."""
+    spec = os.environ.get("DISTSIM_FAULT")
+    if not spec:
+        return
+    kv = dict(item.split("=", 1) for item in spec.split(","))
+    if int(kv.get("rank", -1)) == rank and kv.get("at") == stage:
+        if kv.get("mode") == "hang":
+            _log(f"rank {rank}: injected hang at {stage}")
+            time.sleep(10**6)
+        _log(f"rank {rank}: injected failure at {stage}")
+        os._exit(17)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def run(cfg: ProfileConfig) -> None:
+    """Profile as one rank of the job described by the environment (or alone)."""
+    import torch
+    import torch.distributed as dist
+
+    from distsim.costs import AnalyticCosts
+    from distsim.discovery import discover
+    from distsim.io import load_cluster, load_model, load_profile, write_json
+    from distsim.profile_db import CommMeasurement, Measurement, ProfileDB
+    from distsim.profiler.comm import CommBench, plan_groups, sweep_sizes
+    from distsim.profiler.compute import device_name, time_compute_event
+    from distsim.profiler.optim import time_optimizer_step
+    from distsim.strategy import Strategy
+
+    started = time.perf_counter()
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world % local_world:
+        raise DistsimError(f"WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}")
+    nodes = world // local_world
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        pin = os.environ.get("DISTSIM_PIN_CPU")
+        if pin is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {int(pin)})
+        torch.set_num_threads(max(1, usable_cores() // local_world))
+    log = _log if rank == 0 else (lambda _m: None)
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
+    backend = dist.get_backend() if world > 1 else ("nccl" if cuda else "none")
+
+    model, cluster = load_model(cfg.model), load_cluster(cfg.cluster)
+    strategies = [Strategy.from_str(s) for s in cfg.strategies]
+    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
+    log(found.report())
+    existing = None
+    if rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
+        existing = load_profile(cfg.out)  # only rank 0's file system has it on real nodes
+    shared: list[Any] = [sorted(existing.compute) if existing else []]
+    if world > 1:
+        dist.broadcast_object_list(shared, src=0)
+    known = set(shared[0])
+
+    # ------------------------------------------------------------------------------------------------ compute
+    compute_events = sorted((k, e) for k, e in found.measurable_compute.items() if k not in known)
+    optimizer_sizes = sorted({int(p) for p, s in found.optimizer.values() if int(p) <= cfg.max_optimizer_params})
+    state_bytes = model.precision.state_bytes_per_param
+    sweep = [n for n in (2**20, 2**22, 2**24) if n <= cfg.max_optimizer_params]
+    optimizer_sizes = sorted(set(optimizer_sizes) | set(sweep))
+    results: dict[str, Measurement] = {}
+    skipped: dict[str, str] = {}
+    _fault(rank, "compute")
+    if cfg.compute:
+        mine = compute_events[rank::world]
+        for i, (key, event) in enumerate(mine):
+            log(f"compute {i + 1}/{len(mine)} (rank 0's share of {len(compute_events)}): {key}")
+            try:
+                t = time_compute_event(event, device, warmup=cfg.warmup, repeats=cfg.repeats)
+            except ValueError as exc:  # an operator the profiler cannot build
+                skipped[key] = str(exc)
+                continue
+            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops)
+        for params in optimizer_sizes[rank::world]:
+            key, times = time_optimizer_step(params, state_bytes, device, repeats=max(3, cfg.repeats // 2))
+            times.sort()
+            results[key] = Measurement(times[len(times) // 2], times[0], times[-1], len(times))
+        log(f"compute done on rank 0 after {time.perf_counter() - started:.1f} s")
+    if world > 1:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, (results, skipped))
+        for part, part_skipped in gathered:
+            results.update(part)
+            skipped.update(part_skipped)
+
+    # ------------------------------------------------------------------------------------------ communication
+    comm: list[CommMeasurement] = []
+    _fault(rank, "comm")
+    if cfg.comm and world > 1:
+        bench = CommBench(device, cfg.comm_warmup, cfg.comm_repeats, progress=log)
+        wanted = found.comm_groups
+        base = sweep_sizes(cfg.max_comm_bytes)
+        for spec in plan_groups(nodes, local_world, cfg.max_group):
+            exact = {
+                b for b in wanted.get((spec.collective, spec.scope, spec.group_size), ()) if b <= cfg.max_comm_bytes
+            }
+            comm += bench.measure(spec, sorted(set(base) | exact))
+    if world > 1:
+        dist.barrier()  # every rank finished: only now may rank 0 write
+
+    if rank == 0:
+        elapsed = time.perf_counter() - started
+        provenance = _provenance(cfg, torch, device, backend, world, local_world, nodes, elapsed, len(results),
+                                 len(comm), device_name(device))  # fmt: skip
+        if skipped:
+            provenance["not_profiled"] = skipped
+        db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm)).refit()
+        if existing is not None:
+            db = existing.merge(db)
+            log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
+        write_json(cfg.out, db.to_dict(), indent=1)
+        log(f"wrote {cfg.out}: {len(results)} compute events and {len(comm)} communication measurements "
+            f"in {elapsed:.1f} s")  # fmt: skip
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world: int, local_world: int, nodes: int,
+                elapsed: float, n_compute: int, n_comm: int, name: str) -> dict[str, Any]:  # fmt: skip
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    prov: dict[str, Any] = {
+        "device": name,
+        "backend": backend,
+        "torch": torch.__version__,
+        "date": now,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "nodes": nodes,
+        "procs_per_node": local_world,
+        "threads_per_rank": torch.get_num_threads() if device.type == "cpu" else None,
+        "model": cfg.model,
+        "runs": [{"date": now, "command": cfg.command, "strategies": cfg.strategies, "compute_events": n_compute,
+                  "comm_measurements": n_comm, "seconds": round(elapsed, 1)}],
+    }  # fmt: skip
+    if device.type == "cuda":
+        prov["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    if world == 1:
+        prov["note"] = ("one process: compute events only, no communication between ranks was measured; pair this "
+                        "profile with a cluster preset's network figures")  # fmt: skip
+    if cfg.emulation:
+        prov["emulation"] = cfg.emulation
+    return prov
+
+
+def main() -> None:
+    """Entry point of a launcher-spawned rank: the configuration comes from the environment."""
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        print("distsim.profiler.worker: no configuration (run `distsim profile`)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run(ProfileConfig.from_json(text))
+    except DistsimError as exc:
+        print(f"distsim: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Search drivers over strategies and plans; they produce strategies the simulator evaluates."""

@@ -1,0 +1,124 @@
+"""The profiler end to end, with real processes: gloo ranks on this machine, emulated nodes, real failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from distsim.launch import netns_problem
+
+TINY = "gpt2-345m:seq=32,layers=2,hidden=64,heads=4,vocab=256,precision=fp32"
+FAST = ["--repeats", "2", "--warmup", "1", "--comm-repeats", "2", "--max-comm-bytes", "64KiB"]
+
+
+def distsim(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "distsim", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) -> None:
+    out = tmp_path / "tiny.json"
+    run = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--strategy", "1M1P2D",
+                  "--strategy", "2M1P1D", "--micro-batches", "2", "--emulate-nodes", "1", "--procs-per-node", "2",
+                  "--out", str(out), *FAST)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "3 strategies of" in run.stderr and "profiling cost:" in run.stderr
+    db = json.loads(out.read_text())
+    assert db["provenance"]["backend"] == "gloo" and db["provenance"]["procs_per_node"] == 2
+    ops = {k.split("[")[0].split("/")[0] for k in db["compute"]}
+    assert {"attention", "mlp", "embedding", "lm_head", "optimizer"} <= ops
+    assert any(k.endswith("/tp=2/fp32") for k in db["compute"])  # tensor-parallel shards were measured
+    groups = {(f["collective"], f["scope"], f["group_size"]) for f in db["fits"]}
+    assert {("all_reduce", "intra", 2), ("p2p", "intra", 2)} <= groups
+    for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):
+        sim = distsim("simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
+                      "--micro-batches", "2", "--profile", str(out), "--strict", "--json")  # fmt: skip
+        assert sim.returncode == 0, sim.stderr
+        result = json.loads(sim.stdout)
+        assert "analytic" not in result["event_sources"] and result["event_sources"].get("measured", 0) > 0
+    show = distsim("profile", "show", str(out))
+    assert show.returncode == 0 and "all_reduce" in show.stdout and "gloo" in show.stdout
+
+    # profiling more extends the profile: new events are added, the run is recorded
+    single = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batch-size",
+                     "2", "--micro-batches", "2", "--no-comm", "--out", str(out), *FAST)  # fmt: skip
+    assert single.returncode == 2 and "threads per rank 1" in single.stderr  # 2 threads alone: not comparable
+    more = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--emulate-nodes", "1",
+                   "--procs-per-node", "2", "--micro-batch-size", "2", "--micro-batches", "2", "--no-comm",
+                   "--out", str(out), *FAST)  # fmt: skip
+    assert more.returncode == 0, more.stderr
+    extended = json.loads(out.read_text())
+    assert set(db["compute"]) < set(extended["compute"]) and len(extended["provenance"]["runs"]) == 2
+    assert any("/mbs=2/" in k for k in extended["compute"])
+
+
+@pytest.mark.skipif(netns_problem() is not None, reason=f"network namespaces unavailable: {netns_problem()}")
+def test_shaped_link_makes_inter_node_collectives_slower(tmp_path: Path) -> None:
+    out = tmp_path / "shaped.json"
+    run = distsim("profile", "--model", TINY, "--cluster", "cpu-2x1", "--nodes", "2", "--strategy", "1M1P2D",
+                  "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "50mbit", "--no-compute",
+                  "--out", str(out), *FAST, env={"DISTSIM_TEST": "1"})  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "4 ranks on 2 cores" in run.stderr or (os.cpu_count() or 1) >= 4  # warned: the ranks share cores
+    db = json.loads(out.read_text())
+    times = {(m["collective"], m["scope"], m["group_size"], m["bytes"]): m["median_s"] for m in db["comm"]}
+    size = 65536
+    assert times[("all_reduce", "inter", 2, size)] > 2 * times[("all_reduce", "intra", 2, size)]
+    assert times[("p2p", "inter", 2, size)] > 2 * times[("p2p", "intra", 2, size)]
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("distsim-") == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "expect"), [("die", "rank 1 exited with status 17"), ("hang", "did not finish within")]
+)
+def test_a_failing_rank_ends_the_run_with_one_error_and_no_profile(tmp_path: Path, mode: str, expect: str) -> None:
+    out = tmp_path / "never.json"
+    run = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--emulate-nodes", "1",
+                  "--procs-per-node", "2", "--out", str(out), "--timeout", "25", *FAST,
+                  env={"DISTSIM_FAULT": f"rank=1,at=compute,mode={mode}"})  # fmt: skip
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("distsim: error: profiling") and expect in last
+    assert not out.exists()
+
+
+def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    cases = [
+        (["--model", "gpt9", "--cluster", "cpu-1x2", "--strategy", "1M1P2D"], "unknown model 'gpt9'"),
+        (["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--out", str(bad)], "malformed JSON"),
+        (
+            ["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--out", "/nonexistent/dir/p.json"],
+            "cannot write there",
+        ),
+        (["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P4D"], "uses tp*pp*dp = 1*1*4 = 4 GPUs"),
+        (["--model", TINY, "--cluster", "cpu-1x2"], "give the strategies to profile"),
+        (
+            [
+                "--model",
+                TINY,
+                "--cluster",
+                "cpu-1x2",
+                "--strategy",
+                "1M1P2D",
+                "--emulate-nodes",
+                "3",
+                "--link-bandwidth",
+                "1gbit",
+            ],
+            "joins exactly two emulated nodes",
+        ),
+    ]
+    for args, message in cases:
+        run = distsim("profile", *args)
+        assert run.returncode == 2, (args, run.stderr)
+        last = run.stderr.strip().splitlines()[-1]
+        assert message in last and "Traceback" not in run.stderr, (args, run.stderr)
