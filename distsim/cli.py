@@ -314,7 +314,12 @@ def _summary(r: Any) -> str:
         + ("" if r.cost_source == "profile" else " (no --profile: analytic estimates)")
     )
     if "analytic" in counts and r.cost_source == "profile":
-        lines.append(f"  note               {counts['analytic']} events were not in the profile and were estimated")
+        missing = [k for k, c in zip(r.flow.keys, r.flow.key_costs, strict=True) if c.source == "analytic"]
+        lines.append(f"  note               {len(missing)} events were not in the profile and were estimated "
+                     "analytically (--strict refuses):")  # fmt: skip
+        lines += [f"                       {k}" for k in missing[:6]]
+        if len(missing) > 6:
+            lines.append(f"                       ... and {len(missing) - 6} more (--json lists all)")
     lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
     lines.append("")
     lines.append("  per GPU                compute    exposed comm   idle")
@@ -556,7 +561,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         cuda = torch.cuda.is_available()
         planned = {
             "device": device_name(torch.device("cuda:0" if cuda else "cpu")),
-            "threads_per_rank": None if cuda else max(1, usable_cores() // local),
+            "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
             "backend": ("nccl" if cuda else "gloo") if world > 1 and not kw["no_comm"] else "none",
         }
         problem = existing.incompatibility(planned)
@@ -619,8 +624,11 @@ def profile_show(path: str, as_json: bool) -> None:
     if p.get("note"):
         click.echo(f"  note: {p['note']}")
     for run in p.get("runs", []):
-        click.echo(f"  run {run.get('date')}: {run.get('compute_events')} compute, {run.get('comm_measurements')} comm "
-                   f"in {run.get('seconds')} s")  # fmt: skip
+        layout = f"{run.get('nodes', '?')}x{run.get('procs_per_node', '?')} {run.get('backend', '')}".rstrip()
+        if (run.get("emulation") or {}).get("link_bandwidth"):
+            layout += f", link {run['emulation']['link_bandwidth']}"
+        counts = f"{run.get('compute_events')} compute, {run.get('comm_measurements')} comm"
+        click.echo(f"  run {run.get('date')} ({layout}): {counts} in {run.get('seconds')} s  {run.get('model', '')}")
     ops: dict[str, int] = {}
     for key in db.compute:
         op = key.split("[", 1)[0].split("/", 1)[0]

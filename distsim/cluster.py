@@ -131,8 +131,10 @@ class Cluster:
 
     def describe(self) -> str:
         g = self.gpu
+        flops = g.peak_flops_per_s
+        speed = f"{flops / TFLOPS:.0f} TFLOP/s" if flops >= TFLOPS else f"{flops / 1e9:.0f} GFLOP/s"
         return (
-            f"{self.nodes} x {self.gpus_per_node} {g.name} ({g.peak_flops_per_s / TFLOPS:.0f} TFLOP/s, "
+            f"{self.nodes} x {self.gpus_per_node} {g.name} ({speed}, "
             f"{g.memory_bytes / GB:.0f} GB); intra {self.intra.bandwidth_bytes_per_s / GB:.1f} GB/s, "
             f"inter {self.nics_per_node} x {self.inter.bandwidth_bytes_per_s / GB:.2f} GB/s"
         )

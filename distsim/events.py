@@ -225,6 +225,7 @@ def _symmetry_holds(placement: Placement, strategy: Strategy, cluster: Cluster) 
         patterns = [placement.tp_groups(r), placement.dp_groups(r)]
         if pp > 1:
             patterns += [placement.p2p_pairs(r, (r + 1) % pp), placement.p2p_pairs(r, (r - 1) % pp)]
+            patterns.append(placement.p2p_pairs(0, pp - 1))  # tied embedding copies (first and last rank)
         for instances in patterns:
             if len({(i.scope, i.sharers) for i in instances}) > 1:
                 return False
@@ -446,16 +447,21 @@ class _Builder:
         return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
 
     def finish(self) -> None:
-        """Bulk gradient all-reduce (if not WFBP) and the optimizer step on every simulated GPU."""
+        """Gradient synchronisation that ends the iteration, then the optimizer step on every simulated GPU.
+
+        Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (bulk mode; WFBP issued its
+        all-reduces during backward), then the all-reduce of tied embedding copies between the first and last
+        pipeline ranks, then the optimizer step.
+        """
         flow, s = self.flow, self.flow.strategy
         last = flow._last
+        if self.dp > 1 and s.grad_sync == "bulk":
+            for r in range(self.pp):
+                per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
+                self.grad_allreduce(r, r, per_t)
+        self.tied_allreduce()
         state = flow.model.precision.state_bytes_per_param
         for r in range(self.pp):
-            ar_tasks: dict[int, list[int]] = {}
-            if self.dp > 1 and s.grad_sync == "bulk":
-                per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
-                for t, tid in zip(self.lanes_t, self.grad_allreduce(r, r, per_t), strict=False):
-                    ar_tasks[t] = [tid]
             shard = self.rank_shard_params(r)
             if shard <= 0:
                 continue
@@ -464,17 +470,38 @@ class _Builder:
             for d in self.lanes_d:
                 for t in self.lanes_t:
                     g = int(self.grid[r, d, t])
-                    deps = list(ar_tasks.get(t, []))
-                    if g in self.last_dp:
-                        deps.append(self.last_dp[g])
-                    flow.add(
-                        cost.seconds * self.speed[g],
-                        ((g, S_COMPUTE),),
-                        K_OPT,
-                        "optimizer step",
-                        -1,
-                        r,
-                        -1,
-                        key,
-                        deps,
-                    )
+                    deps = [self.last_dp[g]] if g in self.last_dp else []
+                    flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, r, -1, key,
+                             deps)  # fmt: skip
+
+    def tied_allreduce(self) -> None:
+        """Sum the gradients of a tied layer's copy with its original's when they sit on different pipeline ranks.
+
+        Megatron-LM keeps a copy of a tied word embedding on the last stage and all-reduces the two copies'
+        gradients over the "embedding group" of the first and last stage (``_allreduce_embedding_grads``).
+        """
+        flow, model = self.flow, self.flow.model
+        rank_of = {i: r for r in range(self.pp) for i in self.rank_layers[r]}
+        for i, layer in enumerate(model.layers):
+            if layer.tied_to is None:
+                continue
+            ra, rb = rank_of[model.index[layer.tied_to]], rank_of[i]
+            if ra == rb:
+                continue
+            nbytes = round(layer.shard_params(self.tp) * model.precision.grad_bytes)
+            if nbytes <= 0:
+                continue
+            pairs = self.pairs.get((ra, rb))
+            if pairs is None:
+                pairs = self.pairs[(ra, rb)] = flow.placement.p2p_pairs(ra, rb)
+            for d in self.lanes_d:
+                for t in self.lanes_t:
+                    inst = pairs[d * self.tp + t]
+                    ev = CommEvent("all_reduce", nbytes, 2, inst.scope, inst.sharers)
+                    cost = self.costs.comm(ev)
+                    key = flow.intern(ev.key, cost, "dp_allreduce")
+                    members = inst.gpus
+                    deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in members]
+                    tid = flow.add(cost.seconds, self.comm_slots(S_DP, inst.scope, members), K_DP,
+                                   f"tied grads {layer.name}~{layer.tied_to}", i, rb, -1, key, deps)  # fmt: skip
+                    self.last_dp.update(dict.fromkeys(members, tid))

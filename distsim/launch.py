@@ -213,6 +213,7 @@ def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: fl
                 "GLOO_SOCKET_IFNAME": netns.ifnames[node] if netns else "lo",
                 "DISTSIM_PIN_CPU": str(rank % cores),
                 "PYTHONUNBUFFERED": "1",
+                "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # e.g. hostname lookups in netns
             }  # fmt: skip
             cmd = [*(netns.prefix(node) if netns else []), sys.executable, "-m", module]
             log = open(logdir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed when the process ends

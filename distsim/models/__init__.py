@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from distsim.models.graph import FP16_MIXED, FP32, Block, Layer, Model, Precision
 from distsim.models.loader import model_from_dict
-from distsim.models.zoo import ZOO, get_model
+from distsim.models.zoo import ALIASES, ZOO, get_model
 
 __all__ = [
+    "ALIASES",
     "FP16_MIXED",
     "FP32",
     "ZOO",

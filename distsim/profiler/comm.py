@@ -112,10 +112,12 @@ class CommBench:
             return lambda: dist.all_reduce(x, group=group)
         if spec.collective == "all_gather":
             part, out = x[: numel // n].clone(), torch.empty(numel, dtype=torch.float32, device=self.device)
-            return lambda: dist.all_gather_into_tensor(out, part, group=group)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+            return lambda: gather(out, part, group=group)
         if spec.collective == "reduce_scatter":
             out = torch.empty(numel // n, dtype=torch.float32, device=self.device)
-            return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            return lambda: scatter(out, x, group=group)
         src, dst = spec.ranks
         if self.rank == src:
             return lambda: dist.send(x, dst)

@@ -77,6 +77,15 @@ def _fault(rank: int, stage: str) -> None:
         os._exit(17)
 
 
+def cpu_threads(local_world: int) -> int:
+    """Threads for a CPU rank: the launcher pins emulated ranks to one core each; else share this node's cores."""
+    pin = os.environ.get("DISTSIM_PIN_CPU")
+    if pin is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(pin)})
+        return 1
+    return max(1, usable_cores() // local_world)
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -110,10 +119,7 @@ def run(cfg: ProfileConfig) -> None:
     if cuda:
         torch.cuda.set_device(device)
     else:
-        pin = os.environ.get("DISTSIM_PIN_CPU")
-        if pin is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {int(pin)})
-        torch.set_num_threads(max(1, usable_cores() // local_world))
+        torch.set_num_threads(cpu_threads(local_world))
     log = _log if rank == 0 else (lambda _m: None)
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
@@ -126,10 +132,11 @@ def run(cfg: ProfileConfig) -> None:
     existing = None
     if rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
         existing = load_profile(cfg.out)  # only rank 0's file system has it on real nodes
-    shared: list[Any] = [sorted(existing.compute) if existing else []]
+    measured_comm = sorted((*m.group, m.bytes) for m in existing.comm) if existing else []
+    shared: list[Any] = [sorted(existing.compute) if existing else [], measured_comm]
     if world > 1:
         dist.broadcast_object_list(shared, src=0)
-    known = set(shared[0])
+    known, known_comm = set(shared[0]), {tuple(x) for x in shared[1]}
 
     # ------------------------------------------------------------------------------------------------ compute
     compute_events = sorted((k, e) for k, e in found.measurable_compute.items() if k not in known)
@@ -173,7 +180,10 @@ def run(cfg: ProfileConfig) -> None:
             exact = {
                 b for b in wanted.get((spec.collective, spec.scope, spec.group_size), ()) if b <= cfg.max_comm_bytes
             }
-            comm += bench.measure(spec, sorted(set(base) | exact))
+            group = (spec.collective, spec.scope, spec.group_size)
+            sizes = [b for b in sorted(set(base) | exact) if (*group, b) not in known_comm]  # only what is missing
+            if sizes:
+                comm += bench.measure(spec, sizes)
     if world > 1:
         dist.barrier()  # every rank finished: only now may rank 0 write
 
@@ -208,8 +218,10 @@ def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world
         "procs_per_node": local_world,
         "threads_per_rank": torch.get_num_threads() if device.type == "cpu" else None,
         "model": cfg.model,
-        "runs": [{"date": now, "command": cfg.command, "strategies": cfg.strategies, "compute_events": n_compute,
-                  "comm_measurements": n_comm, "seconds": round(elapsed, 1)}],
+        "runs": [{"date": now, "command": cfg.command, "model": cfg.model, "strategies": cfg.strategies,
+                  "backend": backend, "nodes": nodes, "procs_per_node": local_world,
+                  "emulation": cfg.emulation or None, "compute_events": n_compute, "comm_measurements": n_comm,
+                  "seconds": round(elapsed, 1)}],
     }  # fmt: skip
     if device.type == "cuda":
         prov["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
