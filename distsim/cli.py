@@ -647,6 +647,241 @@ def profile_show(path: str, as_json: bool) -> None:
         click.echo(f"not profiled ({len(p['not_profiled'])}): " + "; ".join(list(p["not_profiled"].values())[:3]))
 
 
+@cli.command()
+@click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE", help="Zoo model spec or model file.")
+@click.option("--cluster", "-c", "cluster_name", required=True, metavar="NAME|FILE",
+              help="The cluster the plan is for (cpu-1x2, cpu-2x1 on this machine).")  # fmt: skip
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
+@click.option("--strategy", "-s", "strategy_text", required=True, metavar="xMyPzD", help="As for `distsim simulate`.")
+@click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
+@click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
+@click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
+@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), help="bulk or per-layer overlapped. [default: bulk]")
+@click.option("--partition", metavar="N:N:...", help="Layers per stage. [default: the simulator's balanced partition]")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Balance the partition with these measured costs (as simulate --profile would).")  # fmt: skip
+@click.option("--p2p", "p2p_mode", type=click.Choice(["nonblocking", "blocking"]), default="nonblocking",
+              show_default=True, help="isend, or a blocking send on the compute stream.")  # fmt: skip
+@click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True, help="Measured iterations.")
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Iterations run first, unrecorded."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic data.")
+@click.option("--out", "-o", default="trace.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Trace to write (with a Chrome trace of the median iteration, *.chrome.json).")  # fmt: skip
+@click.option("--emulate-nodes", type=click.IntRange(min=1), help="Launch all ranks on this machine as N nodes.")
+@click.option("--procs-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
+@click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (1gbit).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds before a hung run is stopped.")  # fmt: skip
+@click.option("--check", type=click.Path(dir_okay=False), hidden=True, help="Write iteration 0's loss and gradients.")
+def execute(**kw: Any) -> None:
+    """Run a plan for real with torch.distributed and record its per-GPU timeline.
+
+    \b
+    Two emulated nodes on this machine, pipeline 1F1B with 4 micro-batches:
+      distsim execute --model gpt2-cpu --cluster cpu-2x1 --strategy 1M2P1D --schedule 1f1b --micro-batches 4 \\
+          --profile profiles/cpu-gloo.json --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit \\
+          --out traces/gpt2.json
+    On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
+    """
+    import os
+
+    from distsim.costs import AnalyticCosts, ProfileCosts
+    from distsim.events import resolve_partition
+    from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
+    from distsim.io import load_cluster, load_model, load_profile
+    from distsim.launch import Emulation
+    from distsim.strategy import Strategy, check_strategy
+
+    model, cluster = load_model(kw["model_name"]), load_cluster(kw["cluster_name"])
+    if kw["nodes"]:
+        cluster = cluster.with_nodes(kw["nodes"])
+    overrides: dict[str, Any] = {}
+    for opt, field_name in (("micro_batches", "num_micro_batches"), ("micro_batch_size", "micro_batch_size"),
+                            ("schedule", "schedule"), ("virtual_stages", "virtual_stages"), ("policy", "warmup_policy"),
+                            ("grad_sync", "grad_sync")):  # fmt: skip
+        if kw[opt] is not None:
+            overrides[field_name] = kw[opt]
+    if kw["partition"]:
+        overrides["partition"] = tuple(_parse_int_list(kw["partition"].replace(":", ","), "--partition"))
+    strategy = Strategy.from_str(kw["strategy_text"], **overrides)
+    check_strategy(strategy, model, cluster)
+    if strategy.partition is None:
+        costs: Any = AnalyticCosts(cluster)
+        if kw["profile_path"]:
+            costs = ProfileCosts(load_profile(kw["profile_path"]), costs)
+        counts = tuple(e - s for s, e in resolve_partition(model, strategy, costs))
+        strategy = strategy.with_(partition=counts)
+    out = kw["out"]
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DistsimError("distsim execute needs torch: pip install torch==2.13.0 (CPU) or a CUDA build") from None
+    emulation = (
+        Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
+    )
+    if kw["link_bandwidth"] and emulation is None:
+        raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
+    if ranks != strategy.num_gpus:
+        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
+                           "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
+
+    def portable(name: str) -> str:
+        return os.path.abspath(name) if os.path.exists(name) else name
+
+    cfg = ExecuteConfig(
+        model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
+        strategy=strategy.describe(), out=os.path.abspath(out), p2p_blocking=kw["p2p_mode"] == "blocking",
+        iterations=kw["iterations"], warmup=kw["warmup"], seed=kw["seed"],
+        check=os.path.abspath(kw["check"]) if kw["check"] else None, timeout_s=kw["timeout"],
+        emulation=emulation.to_dict() if emulation else {},
+        command="distsim execute " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
+    )  # fmt: skip
+    click.echo(f"executing {model.name} {strategy.describe()} on {cluster.name}", err=True)
+    from distsim.executor import worker
+
+    if torchrun or emulation is None:
+        worker.run(cfg)
+    else:
+        from distsim.launch import launch
+
+        launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def _validate_one(path: str, profile_path: str | None) -> tuple[Any, Any, Any]:
+    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace."""
+    from distsim.costs import AnalyticCosts, ProfileCosts
+    from distsim.errors import ProfileError
+    from distsim.events import FlowOptions
+    from distsim.io import load_cluster, load_model, load_profile, load_trace
+    from distsim.simulate import simulate
+    from distsim.strategy import Strategy
+    from distsim.trace import TraceError
+    from distsim.validate import validate_timelines
+
+    trace = load_trace(path)
+    plan = trace.plan
+    model = load_model(plan["model"])
+    cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
+    strategy = Strategy.from_str(plan["strategy"])
+    costs: Any = AnalyticCosts(cluster)
+    if profile_path:
+        db = load_profile(profile_path)
+        measured_on, profiled_on = trace.provenance.get("device"), db.provenance.get("device")
+        if measured_on and profiled_on and measured_on != profiled_on:
+            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}")
+        costs = ProfileCosts(db, costs, strict=True)
+    try:
+        result = simulate(model, cluster, strategy, costs, FlowOptions(p2p_blocking=bool(plan["p2p_blocking"])))
+    except ProfileError as exc:
+        raise TraceError(f"{profile_path} does not cover the plan of {path} (model {plan['model']}): {exc}") from None
+    measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
+    return trace, result, validate_timelines(result.timeline, measured)
+
+
+@cli.command()
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A trace written by `distsim execute`.")  # fmt: skip
+@click.option(
+    "--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
+    help="Measured costs to predict with (strict: every event must be in it). [default: analytic]",
+)  # fmt: skip
+@click.option("--suite", "suite_dir", is_flag=False, flag_value="traces", default=None, metavar="[DIR]",
+              help="Validate every trace in DIR (default traces/) and print the table.")  # fmt: skip
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write predicted and measured timelines side by side (one trace).")  # fmt: skip
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the suite table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | None, plot_path: str | None,
+             csv_path: str | None, as_json: bool) -> None:  # fmt: skip
+    """Compare a prediction with a measured run: batch time, per-GPU activity and per-stage errors (DistSim Sec. 5).
+
+    \b
+    One trace:   distsim validate --trace traces/gpt2-cpu-2x1-1M2P1D-1f1b-M4.json --profile profiles/cpu-gloo.json
+    All traces:  distsim validate --suite traces --profile profiles/cpu-gloo.json
+    """
+    if (trace_path is None) == (suite_dir is None):
+        raise click.UsageError("give --trace FILE or --suite [DIR]")
+    if trace_path:
+        trace, result, val = _validate_one(trace_path, profile_path)
+        if plot_path:
+            from distsim.io import write_figure
+            from distsim.plots import compare_gantt
+
+            median = trace.timeline(trace.median_index(), result.cluster.gpus_per_node)
+            title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
+            write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
+        if as_json:
+            click.echo(json.dumps({"trace": trace_path, **val.to_dict()}, indent=2))
+            return
+        click.echo(f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}")
+        click.echo(f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
+                   f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)")  # fmt: skip
+        click.echo(f"  batch-time error      {100 * val.batch_error:.2f} %")
+        click.echo(
+            "  per-GPU activity      " + ", ".join(f"GPU {g} {100 * e:.2f} %" for g, e in val.per_gpu_error.items())
+        )
+        click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
+                   f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
+        return
+    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json)
+
+
+def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool) -> None:
+    import glob
+    import os
+    import statistics
+
+    import pandas as pd
+
+    from distsim.strategy import Strategy
+
+    paths = sorted(p for p in glob.glob(os.path.join(directory, "*.json")) if not p.endswith(".chrome.json"))
+    if not paths:
+        raise DistsimError(f"no traces (*.json) in {directory}")
+    rows = []
+    for path in paths:
+        trace, result, val = _validate_one(path, profile_path)
+        s: Strategy = result.strategy
+        emulation = trace.plan.get("emulation") or {}
+        layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
+        if emulation.get("link_bandwidth"):
+            layout += f" {emulation['link_bandwidth']}"
+        rows.append({
+            "model": trace.plan["model"], "strategy": str(s), "schedule": s.schedule if s.pp > 1 else "-",
+            "M": s.num_micro_batches, "sync": s.grad_sync if s.dp > 1 else "-", "nodes": layout,
+            "predicted_ms": round(val.predicted_s * 1e3, 1), "measured_ms": round(val.measured_s * 1e3, 1),
+            "batch_err_%": round(100 * val.signed_batch_error, 2), "gpu_err_%": round(100 * val.max_gpu_error, 2),
+            "stage_err_%": round(100 * val.stage_error_median, 2), "spread_%": round(100 * val.measured_spread, 1),
+        })  # fmt: skip
+    table = pd.DataFrame(rows)
+    if csv_path:
+        from distsim.io import write_csv
+
+        write_csv(csv_path, table)
+    batch = [abs(x) for x in table["batch_err_%"]]
+    summary = {
+        "traces": len(table), "batch_error_median_%": round(statistics.median(batch), 2),
+        "batch_error_max_%": round(max(batch), 2),
+        "gpu_error_median_%": round(statistics.median(table["gpu_err_%"]), 2),
+        "gpu_error_max_%": round(max(table["gpu_err_%"]), 2),
+    }  # fmt: skip
+    if as_json:
+        click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        return
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        click.echo(table.to_string(index=False))
+    click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit status 2 for bad input."""
     try:

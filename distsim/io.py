@@ -132,6 +132,12 @@ def _umask() -> int:
     return mask
 
 
+def load_trace(path: str | Path) -> Any:
+    from distsim.trace import Trace, TraceError
+
+    return Trace.from_dict(read_structured(path, TraceError), where=str(path))
+
+
 def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:
     p = Path(path)
     directory = p.parent if str(p.parent) else Path(".")

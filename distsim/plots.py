@@ -97,3 +97,17 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
     if title:
         ax.set_title(title)
     return ax
+
+
+def compare_gantt(predicted: Timeline, measured: Timeline, title: str = "") -> Figure:
+    """Predicted (top) and measured (bottom) per-GPU timelines on one time axis."""
+    rows = max(len(predicted.gpus), len(measured.gpus))
+    fig = Figure(figsize=(12, 2.2 + 0.9 * rows))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    gantt(predicted, ax=top, title=f"predicted: {predicted.iteration_time_s * 1e3:.1f} ms")
+    gantt(measured, ax=bottom, title=f"measured: {measured.iteration_time_s * 1e3:.1f} ms")
+    top.get_legend().remove()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,46 @@
+"""The single-process reference a distributed run must reproduce: the same model, data and global batch on one rank.
+
+It runs the executor's own runtime with a 1-GPU plan whose micro-batches are all dp x M micro-batches of the
+distributed plan, in the same sample order, so the loss and the gradients (before the optimizer step) are those the
+tensor-, pipeline- and data-parallel mechanics must reproduce.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from distsim.cluster import Cluster
+from distsim.executor.runtime import Runtime
+from distsim.models.graph import Model
+from distsim.partition import ranges
+from distsim.placement import Placement
+from distsim.profiler.blocks import torch_dtype
+from distsim.schedules import build_schedule
+from distsim.strategy import Strategy
+
+
+def reference_step(model: Model, cluster: Cluster, strategy: Strategy, seed: int = 0) -> dict[str, Any]:
+    """Loss and full gradients of iteration 0 of `strategy`'s global batch, computed by one process."""
+    single = Strategy(micro_batch_size=strategy.micro_batch_size,
+                      num_micro_batches=strategy.dp * strategy.num_micro_batches,
+                      partition=(model.num_layers,))  # fmt: skip
+    one = cluster.with_nodes(1).__class__(**{**cluster.__dict__, "nodes": 1, "gpus_per_node": 1, "slowdown": ()})
+    device = torch.device("cpu")
+    runtime = Runtime(model, single, Placement(single, one), build_schedule(single), ranges(single.partition or ()),
+                      0, {}, torch_dtype(model.precision.name, device), device, seed)  # fmt: skip
+    captured: dict[str, Any] = {}
+
+    def capture() -> None:
+        captured["grads"] = {
+            f"L{li}.B{bi}.{name}": p.grad.detach().clone()
+            for (li, bi), module in runtime.modules.items()
+            for name, p in module.named_parameters()
+            if p.grad is not None
+        }
+        captured["loss"] = sum(runtime.losses) / len(runtime.losses)
+        captured["losses"] = list(runtime.losses)
+
+    runtime.run_iteration(0, lambda: None, before_step=capture)
+    return captured

@@ -1,0 +1,317 @@
+"""One executor rank: the same code under torchrun on real nodes and under `distsim execute --emulate-nodes`.
+
+Every rank builds its part of the plan, trains ``warmup + iterations`` steps on synthetic data and records its events;
+rank 0 gathers them once every rank has finished, aligns the clocks (one machine shares CLOCK_MONOTONIC; ranks on other
+hosts are offset by a ping-pong estimate against rank 0), and writes the trace (plus a Chrome trace of the median
+iteration). Nothing is written if any rank fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from distsim.errors import DistsimError
+
+CONFIG_ENV = "DISTSIM_EXECUTE_CONFIG"
+
+
+@dataclass
+class ExecuteConfig:
+    model: str
+    cluster: str
+    nodes: int
+    strategy: str
+    """Readable strategy with an explicit partition (the simulator's)."""
+    out: str
+    p2p_blocking: bool = False
+    iterations: int = 5
+    warmup: int = 2
+    seed: int = 0
+    lr: float = 1e-4
+    check: str | None = None
+    """Write iteration 0's loss and full gradients (before the optimizer step) here, for correctness tests."""
+    timeout_s: float = 900.0
+    emulation: dict[str, Any] = field(default_factory=dict)
+    command: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ExecuteConfig:
+        return cls(**json.loads(text))
+
+
+def _log(message: str) -> None:
+    print(f"[distsim execute] {message}", file=sys.stderr, flush=True)
+
+
+def _fault(rank: int, iteration: int) -> None:
+    """Test hook: DISTSIM_FAULT=rank=R,at=N,mode=die|hang makes rank R fail in iteration N."""
+    spec = os.environ.get("DISTSIM_FAULT")
+    if not spec:
+        return
+    kv = dict(item.split("=", 1) for item in spec.split(","))
+    if int(kv.get("rank", -1)) == rank and int(kv.get("at", -1)) == iteration:
+        if kv.get("mode") == "hang":
+            time.sleep(10**6)
+        _log(f"rank {rank}: injected failure in iteration {iteration}")
+        os._exit(17)
+
+
+def run(cfg: ExecuteConfig) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from distsim.executor.runtime import Runtime
+    from distsim.io import load_cluster, load_model
+    from distsim.partition import ranges
+    from distsim.placement import Placement
+    from distsim.profiler.blocks import torch_dtype
+    from distsim.profiler.compute import device_name
+    from distsim.profiler.worker import cpu_threads
+    from distsim.schedules import build_schedule
+    from distsim.strategy import Strategy, check_strategy
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    model = load_model(cfg.model)
+    cluster = load_cluster(cfg.cluster).with_nodes(cfg.nodes)
+    strategy = Strategy.from_str(cfg.strategy)
+    check_strategy(strategy, model, cluster)
+    if strategy.partition is None:
+        raise DistsimError("the executor needs the strategy's partition (the simulator's)")
+    if world != strategy.num_gpus:
+        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks, this job has {world}")
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cpu_threads(local_world))
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
+    barrier = dist.barrier if world > 1 else (lambda: None)
+    placement = Placement(strategy, cluster)
+    schedule = build_schedule(strategy)
+    stage_ranges = ranges(strategy.partition)
+    groups = _groups(model, strategy, placement, stage_ranges, rank) if world > 1 else {}
+    dtype = torch_dtype(model.precision.name, device)
+    runtime = Runtime(model, strategy, placement, schedule, stage_ranges, rank, groups, dtype, device, cfg.seed,
+                      cfg.p2p_blocking, cfg.lr)  # fmt: skip
+    if "tied_layers" in groups:
+        runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
+    offsets = _clock_offsets(rank, world) if world > 1 else {0: 0.0}
+    total = cfg.warmup + cfg.iterations
+    for it in range(total):
+        _fault(rank, it)
+        check = _capture(runtime, cfg, strategy, placement, rank, world) if cfg.check and it == 0 else None
+        runtime.run_iteration(it, barrier, before_step=check)
+        runtime.zero_grad()
+        if rank == 0:
+            _log(f"iteration {it + 1}/{total}{' (warm-up)' if it < cfg.warmup else ''}")
+    payload = (rank, runtime.recorder, runtime.losses)
+    gathered: list[Any] = [payload]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, payload)
+        barrier()
+    if rank == 0:
+        from distsim.io import write_chrome_trace, write_json
+        from distsim.trace import Trace
+
+        iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
+        last_stage = {int(g) for g in placement.grid[strategy.pp - 1, 0, :1]}
+        losses = [v for r, _rec, v in gathered if r in last_stage]
+        per_iter = strategy.num_micro_batches
+        loss_rows = [losses[0][i * per_iter : (i + 1) * per_iter] for i in range(cfg.warmup, total)] if losses else []
+        provenance = {
+            "device": device_name(device), "backend": dist.get_backend() if world > 1 else "none",
+            "torch": torch.__version__, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "host": socket.gethostname(), "platform": platform.platform(),
+            "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
+            "clock_offsets_s": {str(k): v for k, v in offsets.items()},
+        }  # fmt: skip
+        plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
+                "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
+                "warmup": cfg.warmup, "emulation": cfg.emulation}  # fmt: skip
+        trace = Trace(plan, provenance, iterations, loss_rows)
+        write_json(cfg.out, trace.to_dict())
+        chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
+        median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
+        write_chrome_trace(chrome, median.chrome_trace_events(), f"measured {model.name} {strategy}")
+        times = trace.iteration_times_s
+        _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
+             f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
+    if world > 1:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------------- groups
+def _groups(model: Any, strategy: Any, placement: Any, stage_ranges: Any, rank: int) -> dict[str, Any]:
+    """Every rank creates every group in the same order and keeps its own."""
+    import torch.distributed as dist
+
+    from distsim.partition import rank_layers
+
+    grid = placement.grid
+    pp, dp, tp = strategy.pp, strategy.dp, strategy.tp
+    out: dict[str, Any] = {}
+    for p in range(pp):
+        for d in range(dp):
+            members = [int(g) for g in grid[p, d, :]]
+            group = dist.new_group(members)
+            if rank in members:
+                out["tp"] = group
+    for p in range(pp):
+        for t in range(tp):
+            members = [int(g) for g in grid[p, :, t]]
+            group = dist.new_group(members)
+            if rank in members:
+                out["dp"] = group
+    rank_of = {li: r for r in range(pp) for li in rank_layers(stage_ranges, pp, r)}
+    for li, layer in enumerate(model.layers):
+        if layer.tied_to is None:
+            continue
+        target = model.index[layer.tied_to]
+        ra, rb = rank_of[target], rank_of[li]
+        if ra == rb:
+            continue
+        for d in range(dp):
+            for t in range(tp):
+                members = [int(grid[ra, d, t]), int(grid[rb, d, t])]
+                group = dist.new_group(members)
+                if rank in members:
+                    out["tied"] = group
+                    out["tied_layers"] = (li, target, f"tied grads {layer.name}~{layer.tied_to}")
+    return out
+
+
+def _tied_param(runtime: Any, tied: tuple[int, int, str]) -> tuple[int, Any, str]:
+    from distsim.executor.model import vocab_weight
+
+    li, target, name = tied
+    own = li if (li, 0) in runtime.modules else target
+    return li, vocab_weight(runtime.modules[(own, 0)]), name
+
+
+def _clock_offsets(rank: int, world: int) -> dict[int, float]:
+    """Seconds to subtract from each rank's clock to read rank 0's: 0 on rank 0's host, else a ping-pong estimate."""
+    import torch
+    import torch.distributed as dist
+
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    offsets = {r: 0.0 for r in range(world)}
+    for r in range(1, world):
+        if hosts[r] == hosts[0]:
+            continue
+        best = (float("inf"), 0.0)
+        buf = torch.zeros(1, dtype=torch.float64)
+        for _ in range(10):
+            if rank == 0:
+                t0 = time.perf_counter()
+                dist.send(buf, r)
+                dist.recv(buf, r)
+                t1 = time.perf_counter()
+                best = min(best, (t1 - t0, float(buf.item()) - (t0 + t1) / 2))
+            elif rank == r:
+                dist.recv(buf, 0)
+                buf.fill_(time.perf_counter())
+                dist.send(buf, 0)
+        shared = [best[1]]
+        dist.broadcast_object_list(shared, src=0)
+        offsets[r] = float(shared[0])
+    return offsets
+
+
+# ---------------------------------------------------------------------------------------------------- results
+def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total: int, gpus_per_node: int) -> list[Any]:
+    """Per measured iteration, a DataFrame in the Timeline schema with times from the iteration's start."""
+    import pandas as pd
+
+    recv_end: dict[tuple[Any, ...], float] = {}
+    for rank, rec, _losses in gathered:
+        for it, key, end in rec.p2p_recvs:
+            recv_end[(it, *key)] = end - offsets[rank]
+    frames = []
+    for it in range(warmup, total):
+        origin = min(rec.iteration_starts[it] - offsets[rank] for rank, rec, _l in gathered)
+        rows = []
+        for rank, rec, _l in gathered:
+            shift = offsets[rank] + origin
+            for row_it, (stream, kind, name, layer, stage, mb, start, end) in rec.rows:
+                if row_it == it:
+                    rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end - shift))
+            for row_it, key, (stream, kind, name, layer, stage, mb, start, _end) in rec.p2p_sends:
+                if row_it == it:  # a transfer ends when its receiver has it
+                    end = max(start - shift, recv_end.get((it, *key), start - offsets[rank]) - origin)
+                    rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end))
+        df = pd.DataFrame(rows, columns=["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s",
+                                         "end_s"])  # fmt: skip
+        df.insert(1, "node", df["gpu"] // gpus_per_node)
+        frames.append(df.sort_values(["gpu", "start_s", "end_s"], kind="stable").reset_index(drop=True))
+    return frames
+
+
+def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, placement: Any, rank: int, world: int) -> Any:
+    """A before-step hook for iteration 0: write the loss and the full gradients (rank 0), for correctness tests."""
+    import torch
+    import torch.distributed as dist
+
+    def hook() -> None:
+        local: dict[str, tuple[int, int | None, Any]] = {}
+        if runtime.replica == 0:
+            for (li, bi), module in runtime.modules.items():
+                for name, p in module.named_parameters():
+                    if p.grad is not None:
+                        split = module.tp_split.get(name) if module.tp > 1 else None
+                        local[f"L{li}.B{bi}.{name}"] = (runtime.tp_rank, split, p.grad.detach().cpu().clone())
+        payload = (local, runtime.losses[: strategy.num_micro_batches] if runtime.losses else [])
+        gathered: list[Any] = [payload]
+        if world > 1:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, payload)
+        if rank == 0:
+            parts: dict[str, list[tuple[int, int | None, Any]]] = {}
+            losses: list[float] = []
+            for local_grads, ls in gathered:
+                for k, v in local_grads.items():
+                    parts.setdefault(k, []).append(v)
+                losses += ls
+            grads = {}
+            for k, shards in parts.items():
+                shards.sort(key=lambda x: x[0])
+                split = shards[0][1]
+                grads[k] = torch.cat([s[2] for s in shards], dim=split) if split is not None else shards[0][2]
+            loss_count = strategy.num_micro_batches * strategy.dp * strategy.tp
+            torch.save({"loss": sum(losses) / len(losses), "losses": losses, "grads": grads,
+                        "expected_losses": loss_count}, cfg.check)  # fmt: skip
+
+    return hook
+
+
+def main() -> None:
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        print("distsim.executor.worker: no configuration (run `distsim execute`)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run(ExecuteConfig.from_json(text))
+    except DistsimError as exc:
+        print(f"distsim: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

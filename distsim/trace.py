@@ -1,0 +1,93 @@
+"""A measured trace: the plan that ran, where it ran, and one timeline per measured iteration.
+
+Schema (JSON, ``schema: distsim-trace``, ``version: 1``)::
+
+    {
+      "schema": "distsim-trace", "version": 1,
+      "plan": {"model": "gpt2-cpu", "cluster": "cpu-2x1", "nodes": 2, "strategy": "tp=1 pp=2 dp=1 ... partition=4:2",
+               "p2p_blocking": false, "seed": 0, "iterations": 5, "warmup": 2, "emulation": {...}},
+      "provenance": {"device": ..., "backend": "gloo", "torch": ..., "date": ..., "threads_per_rank": 1, ...},
+      "losses": [[...per micro-batch loss of replica 0...], ...],
+      "iterations": [{"iteration": 2, "columns": {"gpu": [...], "node": [...], "stream": [...], ...}}, ...]
+    }
+
+Every iteration's times start at 0 (the earliest rank's start of that iteration); columns are the Timeline schema.
+This module is pure: reading and writing files lives in ``distsim.io``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from distsim.errors import DistsimError
+from distsim.timeline import COLUMNS, Timeline
+
+SCHEMA = "distsim-trace"
+VERSION = 1
+PLAN_KEYS = ("model", "cluster", "nodes", "strategy", "p2p_blocking")
+
+
+class TraceError(DistsimError):
+    """A trace file that is missing, malformed, or does not fit what it is compared with."""
+
+
+@dataclass
+class Trace:
+    plan: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    iterations: list[pd.DataFrame] = field(default_factory=list)
+    losses: list[list[float]] = field(default_factory=list)
+
+    def timeline(self, i: int, gpus_per_node: int) -> Timeline:
+        return Timeline(self.iterations[i].copy(), gpus_per_node)
+
+    @property
+    def iteration_times_s(self) -> list[float]:
+        return [float(df["end_s"].max() - df["start_s"].min()) for df in self.iterations]
+
+    @property
+    def median_iteration_s(self) -> float:
+        return statistics.median(self.iteration_times_s)
+
+    def median_index(self) -> int:
+        """The measured iteration whose time is the median (the lower one for an even count)."""
+        times = self.iteration_times_s
+        order = sorted(range(len(times)), key=lambda i: times[i])
+        return order[(len(order) - 1) // 2]
+
+    def to_dict(self) -> dict[str, Any]:
+        iterations = []
+        for i, df in enumerate(self.iterations):
+            cols = {c: (df[c].astype(str) if c in ("stream", "kind", "name") else df[c]).tolist() for c in COLUMNS}
+            iterations.append({"iteration": int(self.plan.get("warmup", 0)) + i, "columns": cols})
+        return {"schema": SCHEMA, "version": VERSION, "plan": self.plan, "provenance": self.provenance,
+                "losses": self.losses, "iterations": iterations}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "trace") -> Trace:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise TraceError(
+                f"{where}: not a distsim trace (schema {data.get('schema') if isinstance(data, dict) else None!r})"
+            )
+        if data.get("version") != VERSION:
+            raise TraceError(f"{where}: trace schema version {data.get('version')!r}; this distsim reads {VERSION}")
+        plan = data.get("plan")
+        if not isinstance(plan, dict) or any(k not in plan for k in PLAN_KEYS):
+            raise TraceError(f"{where}: the plan must give {', '.join(PLAN_KEYS)}")
+        frames = []
+        try:
+            for it in data.get("iterations", []):
+                cols = it["columns"]
+                df = pd.DataFrame({c: cols[c] for c in COLUMNS})
+                for c in ("stream", "kind", "name"):
+                    df[c] = df[c].astype("category")
+                frames.append(df)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"{where}: malformed iteration ({exc.__class__.__name__}: {exc})") from None
+        if not frames:
+            raise TraceError(f"{where}: the trace has no measured iterations")
+        return cls(plan, dict(data.get("provenance", {})), frames, list(data.get("losses", [])))
