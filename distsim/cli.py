@@ -146,6 +146,10 @@ def cli() -> None:
     help="Make a GPU's compute FACTOR x slower (repeatable).",
 )
 @click.option("--full", is_flag=True, help="Simulate every GPU even when replicas are symmetric.")
+@click.option("--samples", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Stochastic simulation: runs with durations drawn from the profile's repetitions (0: one run "
+              "with mean durations).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --samples.")
 @click.option(
     "--profile",
     "profile_path",
@@ -236,7 +240,7 @@ def simulate(**kw: Any) -> None:
             "of the pipeline idle; pass --micro-batches",
             err=True,
         )
-    result = run_simulation(model, cluster, strategy, costs, options)
+    result = run_simulation(model, cluster, strategy, costs, options, samples=kw["samples"], seed=kw["seed"])
     _write_outputs(result, kw)
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
@@ -287,6 +291,12 @@ def _summary(r: Any) -> str:
         "",
         f"  iteration time     {_fmt_time(r.iteration_time_s)}",
     ]
+    if r.sampled_iteration_s:
+        import numpy as np
+
+        p10, p90 = np.percentile(r.sampled_iteration_s, [10, 90])
+        lines[-1] += (f" (median of {len(r.sampled_iteration_s)} stochastic runs; p10 {_fmt_time(p10)}, "
+                      f"p90 {_fmt_time(p90)})")  # fmt: skip
     tput = f"{r.throughput_samples_per_s:,.1f} samples/s"
     if r.throughput_tokens_per_s is not None:
         tput += f", {r.throughput_tokens_per_s:,.0f} tokens/s"
@@ -742,6 +752,8 @@ def execute(**kw: Any) -> None:
         strategy=strategy.describe(), out=os.path.abspath(out), p2p_blocking=kw["p2p_mode"] == "blocking",
         iterations=kw["iterations"], warmup=kw["warmup"], seed=kw["seed"],
         check=os.path.abspath(kw["check"]) if kw["check"] else None, timeout_s=kw["timeout"],
+        profile=os.path.relpath(os.path.abspath(kw["profile_path"]), os.path.dirname(os.path.abspath(out)))
+        if kw["profile_path"] else None,  # relative to the trace, so that traces and profiles move together
         emulation=emulation.to_dict() if emulation else {},
         command="distsim execute " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else []),
     )  # fmt: skip
@@ -756,7 +768,7 @@ def execute(**kw: Any) -> None:
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
 
 
-def _validate_one(path: str, profile_path: str | None) -> tuple[Any, Any, Any]:
+def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any]:
     """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace."""
     from distsim.costs import AnalyticCosts, ProfileCosts
     from distsim.errors import ProfileError
@@ -769,6 +781,10 @@ def _validate_one(path: str, profile_path: str | None) -> tuple[Any, Any, Any]:
 
     trace = load_trace(path)
     plan = trace.plan
+    if not profile_path and plan.get("profile"):  # by default the profile the run was planned with
+        import os
+
+        profile_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), plan["profile"]))
     model = load_model(plan["model"])
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy = Strategy.from_str(plan["strategy"])
@@ -779,12 +795,16 @@ def _validate_one(path: str, profile_path: str | None) -> tuple[Any, Any, Any]:
         if measured_on and profiled_on and measured_on != profiled_on:
             raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}")
         costs = ProfileCosts(db, costs, strict=True)
+    options = FlowOptions(p2p_blocking=bool(plan["p2p_blocking"]))
     try:
-        result = simulate(model, cluster, strategy, costs, FlowOptions(p2p_blocking=bool(plan["p2p_blocking"])))
+        result = simulate(model, cluster, strategy, costs, options, samples=samples)
+        mean_durations = simulate(model, cluster, strategy, costs, options) if samples else result
     except ProfileError as exc:
         raise TraceError(f"{profile_path} does not cover the plan of {path} (model {plan['model']}): {exc}") from None
     measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
-    return trace, result, validate_timelines(result.timeline, measured)
+    val = validate_timelines(result.timeline, measured, result.iteration_time_s)
+    val.deterministic_s = mean_durations.iteration_time_s
+    return trace, result, val
 
 
 @cli.command()
@@ -792,16 +812,19 @@ def _validate_one(path: str, profile_path: str | None) -> tuple[Any, Any, Any]:
               help="A trace written by `distsim execute`.")  # fmt: skip
 @click.option(
     "--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
-    help="Measured costs to predict with (strict: every event must be in it). [default: analytic]",
+    help="Measured costs to predict with (strict: every event must be in it). "
+    "[default: the profile the trace was planned with, else analytic]",
 )  # fmt: skip
 @click.option("--suite", "suite_dir", is_flag=False, flag_value="traces", default=None, metavar="[DIR]",
               help="Validate every trace in DIR (default traces/) and print the table.")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write predicted and measured timelines side by side (one trace).")  # fmt: skip
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the suite table.")
+@click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Stochastic runs of the prediction (0: mean durations only).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | None, plot_path: str | None,
-             csv_path: str | None, as_json: bool) -> None:  # fmt: skip
+             csv_path: str | None, samples: int, as_json: bool) -> None:  # fmt: skip
     """Compare a prediction with a measured run: batch time, per-GPU activity and per-stage errors (DistSim Sec. 5).
 
     \b
@@ -811,7 +834,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     if (trace_path is None) == (suite_dir is None):
         raise click.UsageError("give --trace FILE or --suite [DIR]")
     if trace_path:
-        trace, result, val = _validate_one(trace_path, profile_path)
+        trace, result, val = _validate_one(trace_path, profile_path, samples)
         if plot_path:
             from distsim.io import write_figure
             from distsim.plots import compare_gantt
@@ -825,17 +848,26 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         click.echo(f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}")
         click.echo(f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
                    f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)")  # fmt: skip
-        click.echo(f"  batch-time error      {100 * val.batch_error:.2f} %")
+        click.echo(
+            f"  batch-time error      {100 * val.batch_error:.2f} %"
+            + (
+                f" (with mean durations instead of {samples} stochastic runs: "
+                f"{100 * abs(val.deterministic_s - val.measured_s) / val.measured_s:.2f} %)"
+                if samples
+                else ""
+            )
+        )
         click.echo(
             "  per-GPU activity      " + ", ".join(f"GPU {g} {100 * e:.2f} %" for g, e in val.per_gpu_error.items())
         )
         click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
                    f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
         return
-    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json)
+    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples)
 
 
-def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool) -> None:
+def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool,
+                    samples: int) -> None:  # fmt: skip
     import glob
     import os
     import statistics
@@ -849,7 +881,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         raise DistsimError(f"no traces (*.json) in {directory}")
     rows = []
     for path in paths:
-        trace, result, val = _validate_one(path, profile_path)
+        trace, result, val = _validate_one(path, profile_path, samples)
         s: Strategy = result.strategy
         emulation = trace.plan.get("emulation") or {}
         layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
@@ -859,7 +891,9 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
             "model": trace.plan["model"], "strategy": str(s), "schedule": s.schedule if s.pp > 1 else "-",
             "M": s.num_micro_batches, "sync": s.grad_sync if s.dp > 1 else "-", "nodes": layout,
             "predicted_ms": round(val.predicted_s * 1e3, 1), "measured_ms": round(val.measured_s * 1e3, 1),
-            "batch_err_%": round(100 * val.signed_batch_error, 2), "gpu_err_%": round(100 * val.max_gpu_error, 2),
+            "batch_err_%": round(100 * val.signed_batch_error, 2),
+            "mean_dur_err_%": round(100 * (val.deterministic_s - val.measured_s) / val.measured_s, 2),
+            "gpu_err_%": round(100 * val.max_gpu_error, 2),
             "stage_err_%": round(100 * val.stage_error_median, 2), "spread_%": round(100 * val.measured_spread, 1),
         })  # fmt: skip
     table = pd.DataFrame(rows)

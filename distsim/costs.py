@@ -81,6 +81,8 @@ class CommEvent:
 class Cost:
     seconds: float
     source: str
+    samples: tuple[float, ...] | None = None
+    """Measured durations of this event (repetitions), for stochastic simulation; None: deterministic."""
 
 
 class CostSource(Protocol):
@@ -91,6 +93,10 @@ class CostSource(Protocol):
     def comm(self, event: CommEvent) -> Cost: ...
 
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost: ...
+
+    def interference(self, scope: str) -> tuple[float, float]:
+        """(compute slowdown, comm slowdown) while communication of `scope` overlaps compute on one GPU."""
+        ...
 
 
 def optimizer_key(shard_params: float, state_bytes_per_param: int) -> str:
@@ -157,6 +163,10 @@ class AnalyticCosts:
         )
         return Cost(t, "analytic")
 
+    def interference(self, scope: str) -> tuple[float, float]:
+        """Overlap is taken as free unless a profile measured otherwise."""
+        return (0.0, 0.0)
+
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         """An Adam step reads and writes the whole training state once: memory bound."""
         gpu = self.cluster.gpu
@@ -182,7 +192,7 @@ class ProfileCosts:
             return given
         m = self.db.compute.get(event.key)
         if m is not None:
-            return Cost(m.median_s, "measured")
+            return Cost(m.seconds, "measured", m.samples_s)
         self._missing(f"compute event {event.key}")
         return self.fallback.compute(event)
 
@@ -191,10 +201,14 @@ class ProfileCosts:
         c, scope, n = event.collective, event.scope, event.group_size
         exact = self.db.comm_exact(c, scope, n, event.nbytes)
         if exact is not None:
-            return Cost(exact.median_s, "measured")
+            return Cost(exact.seconds, "measured", exact.samples_s)
         between = self.db.interpolate(c, scope, n, event.nbytes)
         if between is not None:
-            return Cost(between, "interpolated")
+            near = self.db.nearest(c, scope, n, event.nbytes)
+            samples = None
+            if near is not None and near.samples_s and near.seconds > 0:  # the nearest size's spread, rescaled
+                samples = tuple(x * between / near.seconds for x in near.samples_s)
+            return Cost(between, "interpolated", samples)
         fit = self.db.fit(c, scope, n)
         if fit is not None:
             return Cost(fit.time_s(event.nbytes), "fitted")
@@ -215,14 +229,22 @@ class ProfileCosts:
             fit = self.db.fit(event.collective, event.scope, event.group_size)
             alpha = fit.alpha_s if fit is not None else 0.0
             share = event.sharers / self.fallback.cluster.nics_per_node
-            return Cost(alpha + max(alone.seconds - alpha, 0.0) * share, alone.source)
+            shared = alpha + max(alone.seconds - alpha, 0.0) * share
+            samples = (
+                tuple(x * shared / alone.seconds for x in alone.samples) if alone.samples and alone.seconds else None
+            )
+            return Cost(shared, alone.source, samples)
         return alone
+
+    def interference(self, scope: str) -> tuple[float, float]:
+        found = self.db.interference_for(scope)
+        return (found.compute_slowdown, found.comm_slowdown) if found else (0.0, 0.0)
 
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         key = optimizer_key(shard_params, state_bytes_per_param)
         m = self.db.compute.get(key)
         if m is not None:
-            return Cost(m.median_s, "measured")
+            return Cost(m.seconds, "measured")
         fit = self.db.compute_fit(f"optimizer/state_bytes={state_bytes_per_param}")
         if fit is not None:
             return Cost(fit.time_s(shard_params), "fitted")

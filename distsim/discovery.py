@@ -39,6 +39,9 @@ class RecordingCosts:
         self.comm_events[event.key] = event
         return self.inner.comm(event)
 
+    def interference(self, scope: str) -> tuple[float, float]:
+        return self.inner.interference(scope)
+
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         self.optimizer_events[optimizer_key(shard_params, state_bytes_per_param)] = (
             shard_params,

@@ -24,6 +24,13 @@ both its ends) goes through one in-order queue per link class, ``link:intra`` an
 p2p and collective traffic take turns on the link, a pessimistic bound. First-come arbitration is deliberately not
 offered: it admits Graham-type anomalies where faster compute slows the iteration.
 
+**Overlap interference.** Communication that overlaps compute on the same GPU is not free: on CPUs the rank's
+cores run the TCP stack and the reductions, on GPUs NCCL kernels take SMs. A profile measures, per scope, how much
+compute slows while an all-reduce runs (c) and how much the all-reduce slows while compute runs (k). Overlappable
+transfers (a WFBP layer all-reduce other than a rank's last, a non-blocking send) then take (1 + k) times as long
+and put a *shadow* task of c / (1 + c) of that time on their GPUs' compute streams, in emission order: where compute
+is running it is delayed by that share, where the stream idles it costs nothing. Without measurements c = k = 0.
+
 **Symmetry.** Replicas and tensor-parallel peers of a pipeline rank do identical work when their GPUs are equally
 fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
 simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
@@ -42,11 +49,12 @@ from distsim.schedules import Action, Schedule, build_schedule, unit_steps
 from distsim.strategy import Strategy, check_strategy
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter")
-KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer")
+KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference")
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
 S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER = range(6)
 LINK_SHARING = ("structural", "serialize")
-K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT = range(6)
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW = range(7)
+"""K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,8 @@ class EventFlow:
     def events_total(self) -> int:
         """Per-GPU events of the whole cluster (what a full trace would contain)."""
         weight = {g: len(r) for g, r in self.represents.items()}
-        return sum(weight[g] for slots in self.slots for g, _ in slots)
+        return sum(weight[g] for slots, k in zip(self.slots, self.kind, strict=True) if k != K_SHADOW
+                   for g, _ in slots)  # fmt: skip
 
     @property
     def events_unique(self) -> int:
@@ -299,6 +308,20 @@ class _Builder:
             stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
         return tuple((g, stream) for g in gpus)
 
+    def overlapped(self, dur: float, scope: str) -> tuple[float, float]:
+        """(duration, shadow) of a transfer that overlaps compute, from the measured interference of its scope."""
+        c, k = self.costs.interference(scope)
+        longer = dur * (1 + k)
+        return longer, longer * c / (1 + c)
+
+    def shadow(self, seconds: float, gpus: tuple[int, ...], deps: list[int], stage: int, mb: int, key: int) -> None:
+        if seconds <= 0:
+            return
+        for g in gpus:
+            if g in self.speed:
+                self.flow.add(seconds, ((g, S_COMPUTE),), K_SHADOW, "overlapped communication", -1, stage, mb, key,
+                              list(deps))  # fmt: skip
+
     def template(self, vs: int, d: int) -> dict[str, list[_Op]]:
         key = (vs, d if not self.flow.symmetric else 0)
         tpl = self.templates.get(key)
@@ -320,60 +343,47 @@ class _Builder:
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def action(self, r: int, a: Action) -> None:
+        """Emit one schedule action on every simulated replica of pipeline rank r, op by op.
+
+        Ops are the outer loop and replicas the inner one, so that a layer's WFBP all-reduce (which spans the
+        replicas) is emitted as soon as every replica finished that layer's backward, before the next layer's
+        compute: its place in each stream's order is then where it is issued in a real run.
+        """
         flow, grid = self.flow, self.grid
         wfbp = (
             flow.strategy.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
         )
-        layer_done: dict[int, dict[int, list[int]]] = {}  # layer -> t -> tasks (one per lane d) finishing it
+        lanes = []
         for d in self.lanes_d:
-            gpus = [int(grid[r, d, t]) for t in self.lanes_t]
-            ops = self.template(a.stage, d)[a.op]
             if a.op == "F":
-                frontier = [
-                    [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else [] for t in self.lanes_t
-                ]
+                frontier = [[self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
+                            for t in self.lanes_t]  # fmt: skip
             elif a.stage < self.num_stages - 1:
                 frontier = [[self.incoming.pop((a.stage, "B", a.microbatch, d, t))] for t in self.lanes_t]
             else:
                 frontier = [[] for _ in self.lanes_t]
-            last = [-1] * len(gpus)
-            for idx, op in enumerate(ops):
+            gpus = [int(grid[r, d, t]) for t in self.lanes_t]
+            lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
+        n_ops = len(lanes[0][2])
+        for idx in range(n_ops):
+            for _d, gpus, ops, frontier, last in lanes:
+                op = ops[idx]
                 if op.kind == K_TP:
                     assert op.comm is not None
-                    tid = flow.add(
-                        op.dur,
-                        self.comm_slots(S_TP, op.comm.scope, tuple(gpus)),
-                        K_TP,
-                        op.name,
-                        op.layer,
-                        a.stage,
-                        a.microbatch,
-                        op.key,
-                        [x for x in last if x >= 0],
-                    )
-                    last = [tid] * len(gpus)
+                    tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
+                                   a.stage, a.microbatch, op.key, [x for x in last if x >= 0])  # fmt: skip
+                    last[:] = [tid] * len(gpus)
                 else:
                     for j, g in enumerate(gpus):
                         deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
-                        last[j] = flow.add(
-                            op.dur * self.speed[g],
-                            ((g, S_COMPUTE),),
-                            op.kind,
-                            op.name,
-                            op.layer,
-                            a.stage,
-                            a.microbatch,
-                            op.key,
-                            list(deps),
-                        )
-                if wfbp and (idx + 1 == len(ops) or ops[idx + 1].layer != op.layer):
-                    per_t = layer_done.setdefault(op.layer, {})
-                    for j, t in enumerate(self.lanes_t):
-                        per_t.setdefault(t, []).append(last[j])
+                        last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
+                                           a.stage, a.microbatch, op.key, list(deps))  # fmt: skip
+            op = lanes[0][2][idx]
+            if wfbp and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # the layer is done
+                per_t = {t: [last[j] for _d, _g, _o, _f, last in lanes] for j, t in enumerate(self.lanes_t)}
+                self.grad_allreduce(r, a.stage, per_t, layer=op.layer)
+        for d, gpus, _ops, _frontier, last in lanes:
             self.send(r, a, d, gpus, last)
-        if wfbp:
-            for li, per_t in layer_done.items():
-                self.grad_allreduce(r, a.stage, per_t, layer=li)
 
     def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
         """After an action: send its activation forward or its input gradient backward."""
@@ -402,17 +412,11 @@ class _Builder:
                 slots = ((gpus[j], S_P2P),)
             if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
                 slots = ((gpus[j], S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
-            tid = flow.add(
-                cost.seconds,
-                slots,
-                K_P2P,
-                f"{what} {a.stage}->{dst_vs}",
-                -1,
-                a.stage,
-                a.microbatch,
-                key,
-                [last[j]],
-            )
+            dur, shadow = cost.seconds, 0.0
+            if not self.options.p2p_blocking:
+                dur, shadow = self.overlapped(cost.seconds, inst.scope)
+            tid = flow.add(dur, slots, K_P2P, f"{what} {a.stage}->{dst_vs}", -1, a.stage, a.microbatch, key, [last[j]])
+            self.shadow(shadow, (gpus[j],), [last[j]], a.stage, a.microbatch, key)
             self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
 
     # ------------------------------------------------------------------------------------------ data parallel
@@ -438,7 +442,11 @@ class _Builder:
             key = flow.intern(ev.key, cost, "dp_allreduce")
             members = tuple(int(self.grid[r, d, t]) for d in self.lanes_d)
             slots = self.comm_slots(S_DP, inst.scope, members)
-            tid = flow.add(cost.seconds, slots, K_DP, name, layer, stage, -1, key, list(per_t[t]))
+            dur, shadow = cost.seconds, 0.0
+            if layer >= 0 and layer != min(self.rank_layers[r]):  # backward still runs while it is in flight
+                dur, shadow = self.overlapped(cost.seconds, inst.scope)
+            tid = flow.add(dur, slots, K_DP, name, layer, stage, -1, key, list(per_t[t]))
+            self.shadow(shadow, members, list(per_t[t]), stage, -1, key)
             self.last_dp.update(dict.fromkeys(members, tid))
             out.append(tid)
         return out

@@ -6,13 +6,15 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
       "schema": "distsim-profile", "version": 1,
       "provenance": {"device": "...", "backend": "nccl|gloo", "torch": "...", "nccl": "...", "date": "...",
                      "runs": [{"date": ..., "command": ..., "compute_events": n, "comm_measurements": n}], ...},
-      "compute": {"<compute event key>": {"median_s": 1.2e-3, "p10_s": ..., "p90_s": ..., "repeats": 20,
-                                          "flops": 1.0e9}},
+      "compute": {"<compute event key>": {"mean_s": 1.3e-3, "median_s": 1.2e-3, "p10_s": ..., "p90_s": ...,
+                                          "repeats": 20, "flops": 1.0e9}},
       "comm": [{"collective": "all_reduce", "scope": "intra", "group_size": 2, "bytes": 1048576,
                 "median_s": 2.1e-4, "p10_s": ..., "p90_s": ..., "repeats": 20, "note": "..."}, ...],
       "fits": [{"collective": "all_reduce", "scope": "intra", "group_size": 2,
                 "alpha_s": 1.5e-5, "beta_s_per_byte": 1.9e-10, "points": 8}, ...],
-      "compute_fits": [{"family": "optimizer/state_bytes=16", "alpha_s": ..., "beta_s_per_unit": ..., "points": 4}]
+      "compute_fits": [{"family": "optimizer/state_bytes=16", "alpha_s": ..., "beta_s_per_unit": ..., "points": 4}],
+      "interference": [{"scope": "intra", "group_size": 2, "bytes": 16777216, "compute_slowdown": 0.4,
+                        "comm_slowdown": 0.6}]
     }
 
 Compute keys are ``ComputeEvent.key`` strings (see ``distsim.costs``), so the profiler and the simulator agree by
@@ -47,6 +49,15 @@ class Measurement:
     repeats: int = 1
     flops: float | None = None
     """FLOPs of the event as counted by torch (for achieved FLOP/s), if known."""
+    mean_s: float | None = None
+    """Mean over the repetitions; the cost the simulator uses when present (an iteration sums many events, so its
+    expectation is the sum of their means, which for right-skewed timings exceed their medians)."""
+    samples_s: tuple[float, ...] | None = None
+    """The repetitions themselves, which the stochastic simulation (``--samples``) draws durations from."""
+
+    @property
+    def seconds(self) -> float:
+        return self.mean_s if self.mean_s is not None else self.median_s
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,18 @@ class CommMeasurement:
     repeats: int = 1
     note: str | None = None
     """How the backend implemented it, where that differs from the collective's name."""
+    mean_s: float | None = None
+    """Mean over the repetitions (used as the cost when present, see Measurement.mean_s)."""
+    samples_s: tuple[float, ...] | None = None
+    """The repetitions themselves (see Measurement.samples_s)."""
 
     @property
     def group(self) -> tuple[str, str, int]:
         return (self.collective, self.scope, self.group_size)
+
+    @property
+    def seconds(self) -> float:
+        return self.mean_s if self.mean_s is not None else self.median_s
 
 
 @dataclass(frozen=True)
@@ -124,7 +143,7 @@ def fit_comm(measurements: tuple[CommMeasurement, ...]) -> tuple[AlphaBetaFit, .
     for (c, scope, n), ms in sorted(groups.items()):
         if len({m.bytes for m in ms}) < 2:
             continue
-        alpha, beta = fit_linear([m.bytes for m in ms], [m.median_s for m in ms])
+        alpha, beta = fit_linear([m.bytes for m in ms], [m.seconds for m in ms])
         fits.append(AlphaBetaFit(c, scope, n, alpha, beta, len(ms)))
     return tuple(fits)
 
@@ -135,7 +154,7 @@ def fit_optimizer(compute: dict[str, Measurement]) -> tuple[ComputeFit, ...]:
     for key, m in compute.items():
         match = _OPTIMIZER_KEY.match(key)
         if match:
-            groups.setdefault(int(match.group(2)), []).append((int(match.group(1)), m.median_s))
+            groups.setdefault(int(match.group(2)), []).append((int(match.group(1)), m.seconds))
     fits = []
     for state, pts in sorted(groups.items()):
         if len({p for p, _ in pts}) < 2:
@@ -146,14 +165,34 @@ def fit_optimizer(compute: dict[str, Measurement]) -> tuple[ComputeFit, ...]:
 
 
 @dataclass(frozen=True)
+class Interference:
+    """How overlapped communication and compute slow each other on one link class (measured, per scope).
+
+    While an all-reduce of ``bytes`` runs in the background, a compute kernel on the same rank takes
+    ``1 + compute_slowdown`` times as long, and the all-reduce ``1 + comm_slowdown`` times as long as alone. On CPUs
+    both share the rank's cores (the TCP stack, gloo's copies and reductions); on GPUs NCCL kernels take SMs.
+    """
+
+    scope: str
+    group_size: int
+    bytes: int
+    compute_slowdown: float
+    comm_slowdown: float
+
+
+@dataclass(frozen=True)
 class ProfileDB:
     provenance: dict[str, Any] = field(default_factory=dict)
     compute: dict[str, Measurement] = field(default_factory=dict)
     comm: tuple[CommMeasurement, ...] = ()
     fits: tuple[AlphaBetaFit, ...] = ()
     compute_fits: tuple[ComputeFit, ...] = ()
+    interference: tuple[Interference, ...] = ()
 
     # ---------------------------------------------------------------------------------------------- lookups
+    def interference_for(self, scope: str) -> Interference | None:
+        return next((i for i in self.interference if i.scope == scope), None)
+
     def comm_exact(self, collective: str, scope: str, group_size: int, nbytes: int) -> CommMeasurement | None:
         for m in self.comm:
             if (m.collective, m.scope, m.group_size, m.bytes) == (collective, scope, group_size, nbytes):
@@ -168,11 +207,16 @@ class ProfileDB:
 
     def interpolate(self, collective: str, scope: str, group_size: int, nbytes: int) -> float | None:
         """Time at `nbytes` by linear interpolation between the nearest measured sizes around it, or None."""
-        points = sorted((m.bytes, m.median_s) for m in self.comm if m.group == (collective, scope, group_size))
+        points = sorted((m.bytes, m.seconds) for m in self.comm if m.group == (collective, scope, group_size))
         for (b0, t0), (b1, t1) in itertools.pairwise(points):
             if b0 <= nbytes <= b1 and b1 > b0:
                 return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
         return None
+
+    def nearest(self, collective: str, scope: str, group_size: int, nbytes: int) -> CommMeasurement | None:
+        """The measurement of this group whose size is closest to `nbytes` (in ratio)."""
+        ms = [m for m in self.comm if m.group == (collective, scope, group_size) and m.bytes > 0]
+        return min(ms, key=lambda m: abs(np.log(m.bytes / max(nbytes, 1)))) if ms else None
 
     def compute_fit(self, family: str) -> ComputeFit | None:
         return next((f for f in self.compute_fits if f.family == family), None)
@@ -217,16 +261,22 @@ class ProfileDB:
                 else:
                     provenance.pop(key, None)
         provenance["runs"] = [*self.provenance.get("runs", []), *newer.provenance.get("runs", [])]
+        interference = {i.scope: i for i in self.interference}
+        interference.update({i.scope: i for i in newer.interference})
         return ProfileDB(
             provenance=provenance,
             compute={**self.compute, **newer.compute},
             comm=tuple(comm[k] for k in sorted(comm)),
+            interference=tuple(interference[k] for k in sorted(interference)),
         ).refit()
 
     # -------------------------------------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:
         def clean(d: dict[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in d.items() if v is not None}
+            out = {k: v for k, v in d.items() if v is not None}
+            if "samples_s" in out:  # microsecond resolution keeps the file small
+                out["samples_s"] = [round(x, 7) for x in out["samples_s"]]
+            return out
 
         return {
             "schema": SCHEMA,
@@ -236,6 +286,7 @@ class ProfileDB:
             "comm": [clean(vars(m)) for m in self.comm],
             "fits": [vars(f).copy() for f in self.fits],
             "compute_fits": [vars(f).copy() for f in self.compute_fits],
+            "interference": [vars(i).copy() for i in self.interference],
         }
 
     @classmethod
@@ -255,10 +306,15 @@ class ProfileDB:
                            int(f.get("points", 0)))
                 for f in data.get("compute_fits", [])
             )  # fmt: skip
+            interference = tuple(
+                Interference(str(i["scope"]), int(i["group_size"]), int(i["bytes"]), float(i["compute_slowdown"]),
+                             float(i["comm_slowdown"]))
+                for i in data.get("interference", [])
+            )  # fmt: skip
             provenance = dict(data.get("provenance", {}))
         except (TypeError, ValueError, KeyError) as exc:
             raise ProfileError(f"{where}: malformed entry ({exc.__class__.__name__}: {exc})") from None
-        return cls(provenance, compute, comm, fits, compute_fits)
+        return cls(provenance, compute, comm, fits, compute_fits, interference)
 
 
 def _positive(value: Any, name: str) -> float:
@@ -275,6 +331,8 @@ def _measurement(v: Any) -> Measurement:
         p90_s=None if v.get("p90_s") is None else float(v["p90_s"]),
         repeats=int(v.get("repeats", 1)),
         flops=None if v.get("flops") is None else float(v["flops"]),
+        mean_s=None if v.get("mean_s") is None else _positive(v["mean_s"], "mean_s"),
+        samples_s=None if v.get("samples_s") is None else tuple(_positive(x, "samples_s") for x in v["samples_s"]),
     )
 
 
@@ -293,7 +351,8 @@ def _comm(v: dict[str, Any]) -> CommMeasurement:
     collective, scope, n = _check_comm_fields(v)
     m = _measurement(v)
     note = None if v.get("note") is None else str(v["note"])
-    return CommMeasurement(collective, scope, n, int(v["bytes"]), m.median_s, m.p10_s, m.p90_s, m.repeats, note)
+    return CommMeasurement(collective, scope, n, int(v["bytes"]), m.median_s, m.p10_s, m.p90_s, m.repeats, note,
+                           m.mean_s, m.samples_s)  # fmt: skip
 
 
 def _fit(v: dict[str, Any]) -> AlphaBetaFit:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from distsim import engine
@@ -35,10 +36,15 @@ class SimResult:
     cost_source: str
     wall_time_s: float
     """Seconds the simulation itself took (build + engine + timeline)."""
+    sampled_iteration_s: list[float] | None = None
+    """Stochastic simulation: the iteration time of every sampled run (sorted); None when deterministic."""
 
     # ------------------------------------------------------------------------------------------------ metrics
     @property
     def iteration_time_s(self) -> float:
+        """The iteration time; with stochastic simulation the median over the sampled runs."""
+        if self.sampled_iteration_s:
+            return float(np.median(self.sampled_iteration_s))
         return self.timeline.iteration_time_s
 
     @property
@@ -137,6 +143,13 @@ class SimResult:
             "simulated_gpus": len(self.flow.represents),
             "stage_layers": [end - start for start, end in self.flow.stage_ranges],
             "simulation_wall_time_s": self.wall_time_s,
+            "samples": len(self.sampled_iteration_s) if self.sampled_iteration_s else 0,
+            "iteration_time_p10_s": float(np.percentile(self.sampled_iteration_s, 10))
+            if self.sampled_iteration_s
+            else None,
+            "iteration_time_p90_s": float(np.percentile(self.sampled_iteration_s, 90))
+            if self.sampled_iteration_s
+            else None,
             "per_gpu": [g.to_dict() for g in self.per_gpu],
         }
 
@@ -147,17 +160,57 @@ def simulate(
     strategy: Strategy,
     costs: CostSource | None = None,
     options: FlowOptions | None = None,
+    samples: int = 0,
+    seed: int = 0,
 ) -> SimResult:
     """Predict one training iteration of `model` on `cluster` under `strategy`.
 
     `costs` defaults to the analytic estimate from the cluster's figures; pass ``ProfileCosts`` to use a profile.
+
+    With ``samples > 0`` the simulation is stochastic: every GPU is simulated (independent noise breaks symmetry),
+    each run draws every measured event's duration from its measured repetitions, and the result is the median
+    iteration time over the runs with the expected timeline (the mean start and end of every event). Ranks that
+    synchronise wait for the slowest, so the expected iteration is longer than the iteration of expected durations
+    (Jensen's inequality on max); the deterministic mode computes the latter.
     """
     t0 = time.perf_counter()
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
+    if samples > 0:
+        options = replace(options, symmetric=False)
     flow = build_flow(model, cluster, strategy, costs, options)
-    result = engine.run(flow.duration_s, flow.deps)
+    sampled: list[float] | None = None
+    if samples > 0:
+        result, sampled = _stochastic(flow, samples, seed)
+    else:
+        result = engine.run(flow.duration_s, flow.deps)
     timeline = from_flow(flow, result.start_s, result.end_s)
     memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
     elapsed = time.perf_counter() - t0
-    return SimResult(model, cluster, strategy, options, flow, result, timeline, memory, costs.name, elapsed)
+    return SimResult(model, cluster, strategy, options, flow, result, timeline, memory, costs.name, elapsed,
+                     sorted(sampled) if sampled else None)  # fmt: skip
+
+
+def _stochastic(flow: EventFlow, samples: int, seed: int) -> tuple[engine.EngineResult, list[float]]:
+    """Run the flow `samples` times with durations drawn from the measured repetitions of each event."""
+    rng = np.random.default_rng(seed)
+    base = np.asarray(flow.duration_s, dtype=float)
+    keys = np.asarray(flow.key, dtype=np.int64)
+    draws: list[tuple[np.ndarray, np.ndarray]] = []  # (tasks of a key, relative durations of its repetitions)
+    for k, cost in enumerate(flow.key_costs):
+        if cost.samples and cost.seconds > 0:
+            tasks = np.flatnonzero(keys == k)
+            if len(tasks):
+                draws.append((tasks, np.asarray(cost.samples, dtype=float) / np.mean(cost.samples)))
+    start_sum = np.zeros(len(base))
+    end_sum = np.zeros(len(base))
+    makespans = []
+    for _ in range(samples):
+        durations = base.copy()
+        for tasks, relative in draws:
+            durations[tasks] *= relative[rng.integers(len(relative), size=len(tasks))]
+        run = engine.run(durations.tolist(), flow.deps)
+        start_sum += run.start_s
+        end_sum += run.end_s
+        makespans.append(run.makespan_s)
+    return engine.EngineResult((start_sum / samples).tolist(), (end_sum / samples).tolist()), makespans

@@ -192,7 +192,8 @@ def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
     """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
     from distsim.events import KINDS, STREAMS
 
-    slots = flow.slots
+    shadow = KINDS.index("interference")
+    slots = [x if k != shadow else () for x, k in zip(flow.slots, flow.kind, strict=True)]  # shadows: no rows
     counts = np.fromiter((len(x) for x in slots), dtype=np.int64, count=len(slots))
     n = int(counts.sum())
     gpu = np.fromiter((g for x in slots for g, _ in x), dtype=np.int64, count=n)

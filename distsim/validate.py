@@ -91,6 +91,8 @@ class Validation:
     measured_s: float
     """Median measured iteration time."""
     iteration_times_s: list[float] = field(default_factory=list)
+    deterministic_s: float | None = None
+    """The prediction with mean durations (when the main prediction is stochastic)."""
 
     @property
     def batch_error(self) -> float:
@@ -131,6 +133,7 @@ class Validation:
     def to_dict(self) -> dict[str, object]:
         return {
             "predicted_s": self.predicted_s, "measured_s": self.measured_s, "batch_error": self.batch_error,
+            "predicted_with_mean_durations_s": self.deterministic_s,
             "signed_batch_error": self.signed_batch_error, "per_gpu_error": self.per_gpu_error,
             "max_gpu_error": self.max_gpu_error, "stage_error_median": self.stage_error_median,
             "measured_iteration_s": self.iteration_times_s, "measured_spread": self.measured_spread,
@@ -138,7 +141,10 @@ class Validation:
         }  # fmt: skip
 
 
-def validate_timelines(predicted: Timeline, measured: list[Timeline]) -> Validation:
+def validate_timelines(predicted: Timeline, measured: list[Timeline], predicted_s: float | None = None) -> Validation:
+    """Compare a predicted timeline with every measured iteration; `predicted_s` overrides the predicted iteration
+    time (a stochastic simulation's median)."""
     comparisons = [compare(predicted, m) for m in measured]
     times = [m.iteration_time_s for m in measured]
-    return Validation(comparisons, predicted.iteration_time_s, statistics.median(times), times)
+    predicted_s = predicted.iteration_time_s if predicted_s is None else predicted_s
+    return Validation(comparisons, predicted_s, statistics.median(times), times)

@@ -14,7 +14,7 @@ MODELS=(
   bert-cpu   # bert-large:hidden=768,heads=12,layers=4,seq=64,vocab=8192,precision=fp32
   t5-cpu     # t5-base:layers=2,seq=64,dec_seq=32,vocab=8192,precision=fp32
 )
-COMMON=(--max-comm-bytes 64MiB --repeats 10 --comm-repeats 5)
+COMMON=(--max-comm-bytes 64MiB --repeats 20)
 for model in "${MODELS[@]}"; do
   for mbs in 1 2; do
     python3 -m distsim profile --model "$model" --cluster cpu-1x2 --strategy 1M2P1D --strategy 1M1P2D \

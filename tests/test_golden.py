@@ -11,7 +11,7 @@ import pytest
 
 from distsim import FlowOptions, Strategy, simulate
 from distsim.schedules import one_f_one_b, peak_in_flight, warmup_count
-from tests.util import chain_model, hand_cluster
+from tests.util import InterferingCosts, chain_model, hand_cluster
 
 UNIFORM_2 = [(1.0, 2.0, 0, 0.0), (1.0, 2.0, 0, 0.0)]
 UNIFORM_2_P2P = [(1.0, 2.0, 0, 500.0), (1.0, 2.0, 0, 500.0)]
@@ -135,3 +135,26 @@ def test_dapple_policy_b_is_a_with_comm_stages_counted() -> None:
     s = 4
     for i in range(s):
         assert warmup_count(i, s, "B") == warmup_count(2 * i, 2 * s - 1, "A")
+
+
+@pytest.mark.parametrize(("slowdowns", "expected"), [((0.0, 0.0), 6.5), ((1.0, 0.0), 7.25), ((1.0, 0.5), 7.625)])
+def test_overlapped_allreduce_takes_a_measured_share_of_compute(
+    slowdowns: tuple[float, float], expected: float
+) -> None:
+    """WFBP over 2 replicas, four layers (F 0.5, B 1; 500 B of gradients each: an all-reduce of 0.5 s).
+
+    Measured interference: compute c times slower while an all-reduce overlaps it, the all-reduce k times slower.
+    An overlapped all-reduce lasts 0.5 (1 + k) and takes c/(1 + c) of that from the compute stream; the last one
+    (layer 0, after the last backward) overlaps nothing.
+    c = 1, k = 0: B l3 2-3, its all-reduce 3-3.5 with a 0.25 shadow 3-3.25; B l2 3.25-4.25, AR 4.25-4.75, shadow;
+    B l1 4.5-5.5, AR 5.5-6, shadow; B l0 5.75-6.75; AR l0 6.75-7.25.
+    c = 1, k = 0.5: all-reduces last 0.75 and shadows 0.375: B l3 2-3; B l2 3.375-4.375; B l1 4.75-5.75;
+    B l0 6.125-7.125; AR l0 (0.5, alone) 7.125-7.625.
+    """
+    c, k = slowdowns
+    model = chain_model([(0.5, 1.0, 250, 0.0)] * 4)
+    cluster = hand_cluster(1, 2)
+    r = simulate(model, cluster, Strategy.from_str("tp=1 pp=1 dp=2 mb=1 sync=wfbp"),
+                 InterferingCosts(cluster, slowdowns=(c, k, 0.0, 0.0)))  # fmt: skip
+    assert r.iteration_time_s == pytest.approx(expected)
+    assert set(r.timeline.df["kind"].astype(str)) <= {"forward", "backward", "dp_allreduce", "optimizer"}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from distsim import FlowOptions, Strategy, simulate
 from distsim.cluster import Cluster
 from distsim.models import Model, model_from_dict
-from tests.util import hand_cluster
+from tests.util import InterferingCosts, hand_cluster
 
 EXAMPLES = int(os.environ.get("DISTSIM_HYPOTHESIS_EXAMPLES", "80"))  # raise it for a longer hunt
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,6 +33,8 @@ class Scenario:
     cluster: Cluster
     strategy: Strategy
     options: FlowOptions
+    interference: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """(compute, comm) slowdown of intra-node overlap, then of inter-node overlap."""
 
 
 def _layer(draw: Any, i: int, tp_split: bool) -> dict[str, Any]:
@@ -95,16 +97,15 @@ def scenarios(draw: Any) -> Scenario:
         rank_order=draw(st.sampled_from(["tp,dp,pp", "tp,pp,dp"])),
         link_sharing=draw(st.sampled_from(["structural", "serialize"])),
     )
-    return Scenario(model, cluster, strategy, options)
+    interference = tuple(draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])) for _ in range(4))
+    return Scenario(model, cluster, strategy, options, interference)  # type: ignore[arg-type]
 
 
 def _run(sc: Scenario, **changes: Any):
-    return simulate(
-        sc.model,
-        changes.get("cluster", sc.cluster),
-        changes.get("strategy", sc.strategy),
-        options=changes.get("options", sc.options),
-    )
+    cluster = changes.get("cluster", sc.cluster)
+    strategy = changes.get("strategy", sc.strategy)
+    return simulate(sc.model, cluster, strategy, InterferingCosts(cluster, slowdowns=sc.interference),
+                    options=changes.get("options", sc.options))  # fmt: skip
 
 
 @SETTINGS
@@ -165,7 +166,8 @@ def test_more_bandwidth_or_faster_compute_is_never_slower(sc: Scenario, data: st
     per_layer = data.draw(st.lists(st.floats(1.0, 4.0), min_size=len(sc.model.layers), max_size=len(sc.model.layers)))
     wider = _run(sc, strategy=fixed, cluster=sc.cluster.scaled(bandwidth=k_bw))
     quicker = _run(sc, strategy=fixed, cluster=sc.cluster.scaled(compute=k_compute))
-    some_layers = simulate(_faster_model(sc.model, per_layer), sc.cluster, fixed, options=sc.options)
+    costs = InterferingCosts(sc.cluster, slowdowns=sc.interference)
+    some_layers = simulate(_faster_model(sc.model, per_layer), sc.cluster, fixed, costs, options=sc.options)
     t = base.iteration_time_s
     assert wider.iteration_time_s <= t + 1e-9
     assert quicker.iteration_time_s <= t + 1e-9

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from distsim.cluster import GPU, Cluster, Link
+from distsim.costs import AnalyticCosts
 from distsim.models import Model, model_from_dict
 
 # Links move 1000 bytes/s with no latency, so bytes/1000 is the transfer time; compute times are given by the model;
@@ -38,3 +40,15 @@ def chain_model(layers: list[tuple[float, float, int, float]], name: str = "hand
         for i, (f, b, p, o) in enumerate(layers)
     ]
     return model_from_dict({"name": name, "layers": spec})
+
+
+@dataclass
+class InterferingCosts(AnalyticCosts):
+    """Analytic costs plus measured-style interference of overlapped communication (compute and comm slowdowns
+    of intra-node overlap, then of inter-node overlap)."""
+
+    slowdowns: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def interference(self, scope: str) -> tuple[float, float]:
+        c_intra, k_intra, c_inter, k_inter = self.slowdowns
+        return (c_intra, k_intra) if scope == "intra" else (c_inter, k_inter)

@@ -140,6 +140,7 @@ class Runtime:
         self.sent_shapes: set[tuple[Any, ...]] = set()
         self.pending: list[Any] = []
         self.layer_params = self._layer_params()
+        self.grad_buffer, self.layer_slices = self._grad_buffer()
         self.losses: list[float] = []
 
     # -------------------------------------------------------------------------------------------- structure
@@ -154,6 +155,23 @@ class Runtime:
         for p in self.params:
             out.setdefault(owner[id(p)], []).append(p)
         return out
+
+    def _grad_buffer(self) -> tuple[Tensor, dict[int, slice]]:
+        """One contiguous gradient buffer, ordered by layer; every parameter's .grad is a view into it.
+
+        Autograd accumulates into the views, so the bulk all-reduce, a layer's WFBP all-reduce (a slice) and the
+        tied-embedding all-reduce run in place without copies, as with Megatron-LM's contiguous grad buffer.
+        """
+        total = sum(p.numel() for ps in self.layer_params.values() for p in ps)
+        buffer = torch.zeros(total, dtype=self.dtype, device=self.device)
+        slices, offset = {}, 0
+        for li in sorted(self.layer_params):
+            start = offset
+            for p in self.layer_params[li]:
+                p.grad = buffer[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            slices[li] = slice(start, offset)
+        return buffer, slices
 
     def _peer(self, vs: int) -> int:
         return int(self.grid[vs % self.pp, self.replica, self.tp_rank])
@@ -264,7 +282,7 @@ class Runtime:
             for li, g in zip(outgoing, grads, strict=True):
                 leaf = st.env[li]
                 leaf.grad = g if leaf.grad is None else leaf.grad + g
-        scale = 1.0 / self.strategy.num_micro_batches
+        scale = 1.0 / (self.strategy.num_micro_batches * self.dp)  # a sum over replicas then gives the mean
         final = self.last_b.get(vs) == mb
         for k in range(len(st.segments) - 1, -1, -1):
             seg = st.segments[k]
@@ -281,32 +299,26 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------ gradient sync
     def _wfbp(self, li: int, vs: int) -> None:
-        params = [p for p in self.layer_params.get(li, []) if p.grad is not None]
-        if not params:
+        part = self.layer_slices.get(li)
+        if part is None or part.stop == part.start:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
         start = time.perf_counter()
-        work = dist.all_reduce(flat, group=self.groups["dp"], async_op=True)
+        work = dist.all_reduce(self.grad_buffer[part], group=self.groups["dp"], async_op=True)
         row_base = ("dp", "dp_allreduce", f"grads {self.model.layers[li].name}", li, vs, -1, start)
         slot: dict[str, float] = {}
         work.get_future().then(lambda _f: slot.setdefault("end", time.perf_counter()))
-        self._syncs.append((work, flat, params, row_base, slot))
+        self._syncs.append((work, row_base, slot))
 
     def _finish_grads(self) -> None:
-        for work, flat, params, row_base, slot in self._syncs:
+        for work, row_base, slot in self._syncs:
             work.wait()
-            end = slot.get("end", time.perf_counter())
-            self.recorder.add((*row_base, end))  # type: ignore[arg-type]
-            _unflatten(flat / self.dp, params)
+            self.recorder.add((*row_base, slot.get("end", time.perf_counter())))  # type: ignore[arg-type]
         self._syncs = []
         if self.dp > 1 and self.strategy.grad_sync == "bulk":
-            params = [p for p in self.params if p.grad is not None]
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
             start = time.perf_counter()
-            dist.all_reduce(flat, group=self.groups["dp"])
+            dist.all_reduce(self.grad_buffer, group=self.groups["dp"])
             self.recorder.add(("dp", "dp_allreduce", f"grads rank {self.pipe_rank}", -1, self.pipe_rank, -1, start,
                                time.perf_counter()))  # fmt: skip
-            _unflatten(flat / self.dp, params)
         if "tied" in self.groups:
             li, param, name = self.groups["tied_param"]
             start = time.perf_counter()
@@ -336,19 +348,10 @@ class Runtime:
         self.pending = []
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        self.grad_buffer.zero_()
 
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
-
-
-def _unflatten(flat: Tensor, params: list[torch.nn.Parameter]) -> None:
-    offset = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-        offset += n
 
 
 def _live_layers(model: Model) -> dict[int, list[int]]:

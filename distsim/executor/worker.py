@@ -37,6 +37,8 @@ class ExecuteConfig:
     warmup: int = 2
     seed: int = 0
     lr: float = 1e-4
+    profile: str | None = None
+    """The profile whose costs balanced the partition; validation predicts with it by default."""
     check: str | None = None
     """Write iteration 0's loss and full gradients (before the optimizer step) here, for correctness tests."""
     timeout_s: float = 900.0
@@ -144,7 +146,7 @@ def run(cfg: ExecuteConfig) -> None:
         }  # fmt: skip
         plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
                 "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
-                "warmup": cfg.warmup, "emulation": cfg.emulation}  # fmt: skip
+                "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
         trace = Trace(plan, provenance, iterations, loss_rows)
         write_json(cfg.out, trace.to_dict())
         chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"

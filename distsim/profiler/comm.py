@@ -14,6 +14,7 @@ produces ``bytes`` (each rank contributes bytes / n); a reduce-scatter consumes 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distsim.profile_db import CommMeasurement
+from distsim.profile_db import CommMeasurement, Interference
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+MAX_REPEATS = 50
+TIME_BUDGET_S = 1.0
+"""Repetitions of one message size grow up to MAX_REPEATS while they fit in about this many seconds."""
 GLOO_NOTES = {
     "reduce_scatter": "gloo has no native reduce-scatter: torch implements it with an all-reduce, so this is an "
     "all-reduce's cost, not a ring reduce-scatter's (do not read NCCL costs from it)",
@@ -136,8 +140,9 @@ class CommBench:
             if not member:
                 continue
             op = self._op(spec, group, nbytes)
-            times = []
-            for rep in range(self.warmup + self.repeats):
+            times: list[float] = []
+            reps, rep = self.warmup + self.repeats, 0  # reps grows after the first timing, alike on every member
+            while rep < reps:
                 dist.barrier(group=group)
                 self._sync()
                 t0 = time.perf_counter()
@@ -148,26 +153,82 @@ class CommBench:
                     seconds = 0.0  # the sender's buffered send says nothing: keep the receiver's time
                 elapsed = torch.tensor([seconds], dtype=torch.float64)
                 dist.all_reduce(elapsed, op=reduce_op, group=group)  # max over ranks; min(send, recv) for p2p
+                if rep == 0:  # cheap messages get more repetitions: their latency can be heavy-tailed
+                    budget = int(TIME_BUDGET_S / max(float(elapsed.item()), 1e-6))
+                    reps = self.warmup + max(self.repeats, min(MAX_REPEATS, budget))
                 if rep >= self.warmup:
                     times.append(float(elapsed.item()))
+                rep += 1
             if self.rank == spec.ranks[0]:
                 note = GLOO_NOTES.get(spec.collective) if self.backend == "gloo" else None
-                median = _percentile(times, 0.5)
-                out.append(
-                    CommMeasurement(
-                        spec.collective,
-                        spec.scope,
-                        spec.group_size,
-                        nbytes,
-                        median,
-                        _percentile(times, 0.1),
-                        _percentile(times, 0.9),
-                        len(times),
-                        note,
-                    )
-                )
+                median, mean = _percentile(times, 0.5), sum(times) / len(times)
+                out.append(CommMeasurement(spec.collective, spec.scope, spec.group_size, nbytes, median,
+                                           _percentile(times, 0.1), _percentile(times, 0.9), len(times), note,
+                                           mean, tuple(times)))  # fmt: skip
                 if self.progress:
-                    self.progress(f"{spec.collective} {spec.scope} x{spec.group_size} {nbytes:>11,} B: "
-                                  f"{median * 1e3:.3f} ms")  # fmt: skip
+                    self.progress(f"{spec.collective} {spec.scope} x{spec.group_size} {nbytes:>11,} B: mean "
+                                  f"{mean * 1e3:.3f} ms, median {median * 1e3:.3f} ms ({len(times)} runs)")  # fmt: skip
         dist.barrier()
         return out
+
+
+def _kernel(device: torch.device) -> Callable[[], float]:
+    """A ~1-4 ms matmul, timed (stands for a compute event)."""
+    a = torch.randn(256, 2048, device=device)
+    b = torch.randn(2048, 512, device=device)
+
+    def run() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    return run
+
+
+def measure_interference(bench: CommBench, ranks: tuple[int, ...], scope: str, nbytes: int) -> Interference | None:
+    """Overlap an all-reduce of `nbytes` with compute on every member and compare both with running alone.
+
+    Every rank must call it; returns the result on the group's lowest rank.
+    """
+    group = bench._group(ranks)
+    dist.barrier()
+    result = None
+    if bench.rank in ranks:
+        kernel = _kernel(bench.device)
+        for _ in range(3):
+            kernel()
+        alone = statistics.median(kernel() for _ in range(20))
+        x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=bench.device)
+        comm_alone, comm_overlap, during = [], [], []
+        for _ in range(4):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.all_reduce(x, group=group)
+            comm_alone.append(time.perf_counter() - t0)
+        for _ in range(4):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            done: dict[str, float] = {}
+            work = dist.all_reduce(x, group=group, async_op=True)
+            work.get_future().then(lambda _f, done=done: done.setdefault("t", time.perf_counter()))
+            while not work.is_completed():
+                during.append(kernel())
+            work.wait()
+            comm_overlap.append(done.get("t", time.perf_counter()) - t0)
+        mine = torch.tensor([
+            statistics.median(during) / alone - 1 if during else 0.0,
+            statistics.median(comm_overlap) / statistics.median(comm_alone) - 1,
+        ], dtype=torch.float64)  # fmt: skip
+        dist.all_reduce(mine, op=dist.ReduceOp.SUM, group=group)
+        mine /= len(ranks)
+        if bench.rank == ranks[0]:
+            result = Interference(scope, len(ranks), nbytes, max(0.0, float(mine[0])), max(0.0, float(mine[1])))
+            if bench.progress:
+                bench.progress(f"interference {scope}: compute {result.compute_slowdown:+.0%} while an all-reduce "
+                               f"runs, all-reduce {result.comm_slowdown:+.0%} while computing")  # fmt: skip
+    dist.barrier()
+    return result

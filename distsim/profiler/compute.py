@@ -36,6 +36,8 @@ class ComputeTiming:
 
     key: str
     median_s: float
+    mean_s: float
+    samples_s: tuple[float, ...]
     p10_s: float
     p90_s: float
     repeats: int
@@ -206,9 +208,12 @@ def time_compute_event(
         flops = count_flops(run)
         del run
     p10, median, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
+    mean = float(np.mean(times))
     timing = ComputeTiming(
         key=event.key,
         median_s=median,
+        mean_s=mean,
+        samples_s=tuple(times),
         p10_s=p10,
         p90_s=p90,
         repeats=repeats,

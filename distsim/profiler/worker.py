@@ -101,8 +101,8 @@ def run(cfg: ProfileConfig) -> None:
     from distsim.costs import AnalyticCosts
     from distsim.discovery import discover
     from distsim.io import load_cluster, load_model, load_profile, write_json
-    from distsim.profile_db import CommMeasurement, Measurement, ProfileDB
-    from distsim.profiler.comm import CommBench, plan_groups, sweep_sizes
+    from distsim.profile_db import CommMeasurement, Interference, Measurement, ProfileDB
+    from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
     from distsim.profiler.compute import device_name, time_compute_event
     from distsim.profiler.optim import time_optimizer_step
     from distsim.strategy import Strategy
@@ -156,11 +156,12 @@ def run(cfg: ProfileConfig) -> None:
             except ValueError as exc:  # an operator the profiler cannot build
                 skipped[key] = str(exc)
                 continue
-            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops)
+            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops, t.mean_s, t.samples_s)
         for params in optimizer_sizes[rank::world]:
             key, times = time_optimizer_step(params, state_bytes, device, repeats=max(3, cfg.repeats // 2))
             times.sort()
-            results[key] = Measurement(times[len(times) // 2], times[0], times[-1], len(times))
+            results[key] = Measurement(times[len(times) // 2], times[0], times[-1], len(times),
+                                       mean_s=sum(times) / len(times), samples_s=tuple(times))  # fmt: skip
         log(f"compute done on rank 0 after {time.perf_counter() - started:.1f} s")
     if world > 1:
         gathered: list[Any] = [None] * world
@@ -171,6 +172,7 @@ def run(cfg: ProfileConfig) -> None:
 
     # ------------------------------------------------------------------------------------------ communication
     comm: list[CommMeasurement] = []
+    interference: list[Interference] = []
     _fault(rank, "comm")
     if cfg.comm and world > 1:
         bench = CommBench(device, cfg.comm_warmup, cfg.comm_repeats, progress=log)
@@ -184,6 +186,13 @@ def run(cfg: ProfileConfig) -> None:
             sizes = [b for b in sorted(set(base) | exact) if (*group, b) not in known_comm]  # only what is missing
             if sizes:
                 comm += bench.measure(spec, sizes)
+        pairs = ([("intra", (0, 1))] if local_world >= 2 else []) + (
+            [("inter", (0, local_world))] if nodes >= 2 else []
+        )
+        for scope, ranks in pairs:
+            found_i = measure_interference(bench, ranks, scope, min(16 * 2**20, cfg.max_comm_bytes))
+            if found_i is not None:
+                interference.append(found_i)
     if world > 1:
         dist.barrier()  # every rank finished: only now may rank 0 write
 
@@ -193,7 +202,9 @@ def run(cfg: ProfileConfig) -> None:
                                  len(comm), device_name(device))  # fmt: skip
         if skipped:
             provenance["not_profiled"] = skipped
-        db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm)).refit()
+        db = ProfileDB(
+            provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference)
+        ).refit()
         if existing is not None:
             db = existing.merge(db)
             log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")

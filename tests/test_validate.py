@@ -1,0 +1,108 @@
+"""Validation reports known errors exactly, and refuses traces and profiles that do not belong together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from distsim import Strategy, simulate
+from distsim.cli import main
+from distsim.costs import AnalyticCosts
+from distsim.io import load_cluster, load_model, write_json
+from distsim.timeline import COLUMNS, Timeline
+from distsim.trace import Trace
+from distsim.validate import block_spans, compare
+
+MODEL, CLUSTER = "gpt2-cpu", "cpu-1x2"
+
+
+def predicted(strategy: str = "tp=1 pp=2 dp=1 mb=4 schedule=1f1b partition=4:2") -> tuple[Timeline, dict]:
+    model, cluster = load_model(MODEL), load_cluster(CLUSTER)
+    s = Strategy.from_str(strategy)
+    r = simulate(model, cluster, s, AnalyticCosts(cluster))
+    plan = {"model": MODEL, "cluster": CLUSTER, "nodes": 1, "strategy": s.describe(), "p2p_blocking": False,
+            "warmup": 0, "iterations": 1}  # fmt: skip
+    return r.timeline.expand(), plan
+
+
+def write_trace(path: Path, plan: dict, frames: list[pd.DataFrame], device: str | None = None) -> Path:
+    provenance = {"device": device} if device else {}
+    write_json(path, Trace(plan, provenance, [f[list(COLUMNS)].reset_index(drop=True) for f in frames]).to_dict())
+    return path
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_a_perfect_measurement_has_no_error() -> None:
+    tl, _ = predicted()
+    c = compare(tl, tl)
+    assert c.batch_error == 0 and set(c.per_gpu.values()) == {0.0} and c.unmatched == 0
+    assert c.matched == len(block_spans(tl.df)) > 0
+
+
+def test_shifted_gpu_reports_the_shift_relative_to_iteration_time() -> None:
+    tl, _ = predicted()
+    df = tl.df.copy()
+    t = tl.iteration_time_s
+    delta = 0.01 * t
+    late = df["gpu"] == 1
+    df.loc[late, ["start_s", "end_s"]] += delta  # every event of GPU 1 happens delta later
+    c = compare(tl, Timeline(df, tl.gpus_per_node))
+    t_measured = max(t, df["end_s"].max())
+    assert c.per_gpu[0] == pytest.approx(0.0)
+    assert c.per_gpu[1] == pytest.approx(delta / t_measured)
+    assert c.batch_error == pytest.approx(abs(t - t_measured) / t_measured)
+
+
+def test_stretched_trace_reports_known_errors_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tl, plan = predicted()
+    slow = tl.df.copy()
+    slow[["start_s", "end_s"]] *= 1.10  # everything 10 % slower
+    path = write_trace(tmp_path / "slow.json", plan, [slow])
+    code, out, err = run(["validate", "--trace", str(path), "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["batch_error"] == pytest.approx(0.1 / 1.1)
+    spans = block_spans(tl.df)
+    t = 1.1 * tl.iteration_time_s
+    for gpu, rows in spans.groupby("gpu"):
+        expected = ((0.1 * rows["start_s"] + 0.1 * rows["end_s"]) / 2 / t).mean()
+        assert got["per_gpu_error"][str(gpu)] == pytest.approx(expected)
+    plot = tmp_path / "cmp.png"
+    code, _, err = run(["validate", "--trace", str(path), "--plot", str(plot)], capsys)
+    assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mismatched_trace_and_profile_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tl, plan = predicted()
+    other_device = write_trace(tmp_path / "gpu.json", plan, [tl.df], device="NVIDIA H100")
+    code, _, err = run(["validate", "--trace", str(other_device), "--profile", "profiles/cpu-gloo.json"], capsys)
+    assert code == 2 and "was measured on 'NVIDIA H100'" in err and len(err.strip().splitlines()) == 1
+    unknown = write_trace(tmp_path / "u.json", {**plan, "model": "gpt2-cpu:hidden=256,heads=4"}, [tl.df])
+    code, _, err = run(["validate", "--trace", str(unknown), "--profile", "profiles/cpu-gloo.json"], capsys)
+    assert code == 2 and "does not cover the plan" in err and len(err.strip().splitlines()) == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "distsim-trace", "version": 1, "plan": {"model": "x"}}')
+    code, _, err = run(["validate", "--trace", str(bad)], capsys)
+    assert code == 2 and "the plan must give" in err
+
+
+def test_shipped_traces_validate(capsys: pytest.CaptureFixture[str]) -> None:
+    traces = [p for p in Path("traces").glob("*.json") if not p.name.endswith(".chrome.json")]
+    if not traces:
+        pytest.skip("no shipped traces")
+    code, out, err = run(["validate", "--suite", "traces", "--profile", "profiles/cpu-gloo.json", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["summary"]["traces"] == len(traces)
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in result["rows"])
