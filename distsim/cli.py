@@ -653,6 +653,9 @@ def profile_show(path: str, as_json: bool) -> None:
         click.echo(f"  note: {note}")
     for f in db.compute_fits:
         click.echo(f"optimizer fit {f.family}: {f.alpha_s * 1e3:.3f} ms + {f.beta_s_per_unit * 1e9:.3f} ns/param")
+    for i in db.interference:
+        click.echo(f"overlap interference {i.scope}: compute {i.compute_slowdown:+.0%} while a "
+                   f"{i.bytes / 2**20:.0f} MiB all-reduce runs, the all-reduce {i.comm_slowdown:+.0%}")  # fmt: skip
     if p.get("not_profiled"):
         click.echo(f"not profiled ({len(p['not_profiled'])}): " + "; ".join(list(p["not_profiled"].values())[:3]))
 

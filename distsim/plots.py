@@ -86,14 +86,9 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KIND_COLORS if k in seen]
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.12 if len(rows) > 4 else -0.25),
-        ncol=min(6, len(handles)),
-        frameon=False,
-        fontsize="small",
-    )
+    height_in = max(0.5, ax.get_position().height * ax.figure.get_figheight())  # below the tick labels and x-label
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.62 / height_in),
+              ncol=min(6, len(handles)), frameon=False, fontsize="small")  # fmt: skip
     if title:
         ax.set_title(title)
     return ax
@@ -107,6 +102,7 @@ def compare_gantt(predicted: Timeline, measured: Timeline, title: str = "") -> F
     gantt(predicted, ax=top, title=f"predicted: {predicted.iteration_time_s * 1e3:.1f} ms")
     gantt(measured, ax=bottom, title=f"measured: {measured.iteration_time_s * 1e3:.1f} ms")
     top.get_legend().remove()
+    top.set_xlabel("")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -34,4 +34,12 @@ for model in gpt2-cpu bert-cpu t5-cpu; do
     run "2M1P1D-M4" --strategy 2M1P1D --micro-batches 4
   done
 done
+# Repeatability: the same plan five more times with the same profile, to measure this machine's own noise floor.
+mkdir -p traces/repeat
+for i in 1 2 3 4 5; do
+  python3 -m distsim execute --model gpt2-cpu --cluster cpu-1x2 --emulate-nodes 1 --procs-per-node 2 \
+    --profile profiles/validation/gpt2-cpu-1x2.json "${ITER[@]}" --strategy 1M2P1D --schedule 1f1b --micro-batches 4 \
+    --out "traces/repeat/gpt2-cpu-1x2-1M2P1D-1f1b-M4-run$i.json"
+done
 python3 -m distsim validate --suite traces
+python3 -m distsim validate --suite traces/repeat
