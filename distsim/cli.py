@@ -55,6 +55,7 @@ def cli() -> None:
       distsim simulate --model gpt2-345m --cluster distsim-testbed --strategy 2M4P2D \\
           --micro-batches 8 --schedule 1f1b --trace out.json --plot out.png
       distsim schedule --schedule 1f1b --pp 4 --micro-batches 8
+      distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16
     """
 
 
@@ -63,26 +64,31 @@ def cli() -> None:
     "--model",
     "-m",
     "model_name",
-    required=True,
     metavar="NAME|FILE",
-    help="Zoo model (see `distsim models`) or a YAML/JSON model file.",
+    help="Zoo model (see `distsim models`) or a YAML/JSON model file. [default with --plan: the plan's]",
 )
 @click.option(
     "--cluster",
     "-c",
     "cluster_name",
-    required=True,
     metavar="NAME|FILE",
-    help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file.",
+    help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file. [default with --plan: the plan's]",
 )
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
 @click.option(
     "--strategy",
     "-s",
     "strategy_text",
-    required=True,
     metavar="xMyPzD",
     help="Degrees in DistSim notation (2M4P2D = tp 2, pp 4, dp 2) or 'tp=2 pp=4 dp=2'.",
+)
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A plan file (YAML/JSON) instead of --strategy: a strategy, or stages with their own layer ranges and "
+    "devices (what `distsim search` writes).",
 )
 @click.option(
     "--micro-batches",
@@ -191,6 +197,8 @@ def simulate(**kw: Any) -> None:
     Example (GPT-2 345M on DistSim's 16-GPU testbed, 1F1B with 8 micro-batches):
       distsim simulate --model gpt2-345m --cluster distsim-testbed --strategy 2M4P2D \\
           --micro-batches 8 --schedule 1f1b --trace gpt2.json --plot gpt2.png
+    A plan written by `distsim search` (stages may differ in layers and replicas):
+      distsim simulate --plan dapple.plan.yaml --plot dapple.png
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
     from distsim.costs import AnalyticCosts, ProfileCosts
@@ -199,6 +207,13 @@ def simulate(**kw: Any) -> None:
     from distsim.simulate import simulate as run_simulation
     from distsim.strategy import Strategy
 
+    plan = None
+    if kw["plan_path"]:
+        plan = _load_plan_for(kw)
+    elif not kw["strategy_text"]:
+        raise click.UsageError("give --strategy (e.g. 2M4P2D) or --plan FILE")
+    if not kw["model_name"] or not kw["cluster_name"]:
+        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
     model = load_model(kw["model_name"])
     cluster = load_cluster(kw["cluster_name"])
     if kw["nodes"]:
@@ -206,6 +221,7 @@ def simulate(**kw: Any) -> None:
     if kw["straggler"]:
         cluster = cluster.with_slowdown(_parse_stragglers(kw["straggler"]))
     overrides: dict[str, Any] = {}
+    given: list[str] = []
     for opt, field_name in (
         ("micro_batches", "num_micro_batches"),
         ("micro_batch_size", "micro_batch_size"),
@@ -217,12 +233,16 @@ def simulate(**kw: Any) -> None:
     ):
         if kw[opt] is not None:
             overrides[field_name] = kw[opt]
+            given.append("--" + opt.replace("_", "-"))
     if kw["partition"]:
         try:
             overrides["partition"] = tuple(int(x) for x in kw["partition"].replace("/", ":").split(":"))
         except ValueError:
             raise DistsimError(f"--partition expects layer counts like 23:25, got {kw['partition']!r}") from None
-    strategy = Strategy.from_str(kw["strategy_text"], **overrides)
+    if plan is not None and (given or kw["partition"]):
+        raise DistsimError(f"{(given or ['--partition'])[0]} does not apply to --plan; edit the plan file")
+    target = plan if plan is not None else Strategy.from_str(kw["strategy_text"], **overrides)
+    strategy = target.pipeline_strategy() if plan is not None else target
     costs: AnalyticCosts | ProfileCosts = AnalyticCosts(cluster)
     if kw["profile_path"]:
         costs = ProfileCosts(load_profile(kw["profile_path"]), costs, strict=kw["strict"])
@@ -240,7 +260,12 @@ def simulate(**kw: Any) -> None:
             "of the pipeline idle; pass --micro-batches",
             err=True,
         )
-    result = run_simulation(model, cluster, strategy, costs, options, samples=kw["samples"], seed=kw["seed"])
+    try:
+        result = run_simulation(model, cluster, target, costs, options, samples=kw["samples"], seed=kw["seed"])
+    except DistsimError as exc:
+        if plan is None:
+            raise
+        raise type(exc)(f"{kw['plan_path']}: {exc}") from None
     _write_outputs(result, kw)
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
@@ -259,6 +284,25 @@ def simulate(**kw: Any) -> None:
         click.echo("\nschedule (unit time, F and B one step each):\n" + format_grid(result.flow.schedule))
 
 
+def _load_plan_for(kw: dict[str, Any]) -> Any:
+    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
+    import os
+
+    from distsim.io import load_plan
+
+    if kw["strategy_text"]:
+        raise click.UsageError("give --strategy or --plan, not both")
+    plan = load_plan(kw["plan_path"])
+    base = os.path.dirname(os.path.abspath(kw["plan_path"]))
+    for key, name in (("model_name", plan.model), ("cluster_name", plan.cluster)):
+        if not kw[key]:
+            beside = os.path.join(base, name)  # a file named relative to the plan
+            kw[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
+    if not kw["nodes"] and plan.nodes is not None:
+        kw["nodes"] = plan.nodes
+    return plan
+
+
 def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
     from distsim.io import write_chrome_trace, write_csv, write_figure
 
@@ -271,7 +315,7 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
             err=True,
         )
     timeline = result.full_timeline() if kw["all_gpus"] else result.timeline
-    title = f"{result.model.name} {result.strategy} on {result.cluster.name}"
+    title = f"{result.model.name} {result.label} on {result.cluster.name}"
     if kw["trace_path"]:
         write_chrome_trace(kw["trace_path"], timeline.chrome_trace_events(), title)
     if kw["csv_path"]:
@@ -285,9 +329,15 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
 
 def _summary(r: Any) -> str:
     s, m, c = r.strategy, r.model, r.cluster
+    if r.plan is not None:
+        p = r.plan
+        what = (f"plan {p.notation()} ({len(p.stages)} stages on {r.num_gpus} GPUs; {p.micro_batches} micro-batches "
+                f"of {p.micro_batch_size} samples split over each stage's replicas; {p.schedule})")  # fmt: skip
+    else:
+        what = f"strategy {s} ({s.describe()})"
     lines = [
         f"{m.name} on {c.name} ({c.describe()})",
-        f"strategy {s} ({s.describe()}), global batch {s.global_batch_size}",
+        f"{what}, global batch {r.global_batch_size}",
         "",
         f"  iteration time     {_fmt_time(r.iteration_time_s)}",
     ]
@@ -314,7 +364,7 @@ def _summary(r: Any) -> str:
     sim = len(r.flow.represents)
     mode = "symmetric" if r.flow.symmetric else "full"
     lines.append(
-        f"  events             {r.events_total:,} across {s.num_gpus} GPUs, {r.events_unique} unique "
+        f"  events             {r.events_total:,} across {r.num_gpus} GPUs, {r.events_unique} unique "
         f"({len(r.flow):,} tasks simulated on {sim} GPU{'s' if sim > 1 else ''}, {mode})"
     )
     counts = r.source_counts()
@@ -334,12 +384,19 @@ def _summary(r: Any) -> str:
     lines.append("")
     lines.append("  per GPU                compute    exposed comm   idle")
     stats = {g.gpu: g for g in r.per_gpu}
+    rows: list[tuple[list[int], int, str]] = []  # consecutive simulated GPUs with equal figures share a row
     for rep, targets in sorted(r.timeline.represents.items()):
         g = stats[rep]
-        who = f"GPU {rep}" if len(targets) == 1 else f"GPU {rep} (+{len(targets) - 1} alike)"
-        lines.append(
-            f"  {who:<22} {_fmt_time(g.compute_s):>10} {_fmt_time(g.exposed_comm_s):>14} {_fmt_time(g.idle_s):>10}"
-        )
+        figures = f"{_fmt_time(g.compute_s):>10} {_fmt_time(g.exposed_comm_s):>14} {_fmt_time(g.idle_s):>10}"
+        if rows and rows[-1][2] == figures and rows[-1][0][-1] == rep - 1 and len(targets) == 1 == rows[-1][1]:
+            rows[-1][0].append(rep)
+        else:
+            rows.append(([rep], len(targets), figures))
+    for gpus, alike, figures in rows:
+        who = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
+        if alike > 1:
+            who += f" (+{alike - 1} alike)"
+        lines.append(f"  {who:<22} {figures}")
     lines.append(f"\nsimulated in {r.wall_time_s:.3f} s")
     return "\n".join(lines)
 
@@ -917,6 +974,15 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
     with pd.option_context("display.max_rows", None, "display.width", 200):
         click.echo(table.to_string(index=False))
     click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+def _register_search() -> None:
+    from distsim.cli_search import search
+
+    cli.add_command(search)
+
+
+_register_search()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -83,7 +83,8 @@ class EventFlow:
     cluster: Cluster
     strategy: Strategy
     schedule: Schedule
-    placement: Placement
+    placement: Placement | None
+    """Rank placement of a uniform strategy; None for a stages plan (its stages list their devices)."""
     stage_ranges: tuple[tuple[int, int], ...]
     symmetric: bool
     represents: dict[int, tuple[int, ...]]
@@ -164,7 +165,7 @@ class EventFlow:
 
 
 @dataclass(frozen=True)
-class _Op:
+class StageOp:
     """One step of a stage's forward or backward template."""
 
     kind: int
@@ -197,14 +198,16 @@ def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tu
     return ranges(counts)
 
 
-def _stage_templates(
-    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None
-) -> dict[str, list[_Op]]:
-    """Forward and backward op sequences of virtual stage vs (tensor-parallel level)."""
+def stage_templates(
+    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None
+) -> dict[str, list[StageOp]]:
+    """Forward and backward op sequences of virtual stage vs (tensor-parallel level) at `mbs` samples (default: the
+    strategy's micro-batch size)."""
     model, strategy = flow.model, flow.strategy
     start, end = flow.stage_ranges[vs]
-    dtype, mbs, tp = model.precision.name, strategy.micro_batch_size, strategy.tp
-    out: dict[str, list[_Op]] = {"F": [], "B": []}
+    dtype, tp = model.precision.name, strategy.tp
+    mbs = strategy.micro_batch_size if mbs is None else mbs
+    out: dict[str, list[StageOp]] = {"F": [], "B": []}
     for phase, kind, order in (("F", K_FWD, range(start, end)), ("B", K_BWD, range(end - 1, start - 1, -1))):
         ops = out[phase]
         for li in order:
@@ -215,13 +218,13 @@ def _stage_templates(
                 cost = costs.compute(ev)
                 key = flow.intern(ev.key, cost, "compute")
                 label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
-                ops.append(_Op(kind, cost.seconds, key, label, li))
+                ops.append(StageOp(kind, cost.seconds, key, label, li))
                 ar_bytes = block.tp_fwd_allreduce_bytes if phase == "F" else block.tp_bwd_allreduce_bytes
                 if tp > 1 and ar_bytes > 0 and block.tp == "shard" and tp_instance is not None:
                     cev = CommEvent("all_reduce", round(ar_bytes * mbs), tp, tp_instance.scope, tp_instance.sharers)
                     ccost = costs.comm(cev)
                     ckey = flow.intern(cev.key, ccost, "tp_allreduce")
-                    ops.append(_Op(K_TP, ccost.seconds, ckey, label, li, cev))
+                    ops.append(StageOp(K_TP, ccost.seconds, ckey, label, li, cev))
     return out
 
 
@@ -272,35 +275,14 @@ def build_flow(
     return flow
 
 
-class _Builder:
-    """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
+class CommWriter:
+    """What every flow builder needs to place communication: streams, link queues and measured interference."""
 
-    def __init__(
-        self, flow: EventFlow, costs: CostSource, options: FlowOptions, lanes_d: list[int], lanes_t: list[int]
-    ):
+    def __init__(self, flow: EventFlow, costs: CostSource, options: FlowOptions):
         self.flow, self.costs, self.options = flow, costs, options
-        self.lanes_d, self.lanes_t = lanes_d, lanes_t
-        s = flow.strategy
-        self.grid = flow.placement.grid
-        self.num_stages = s.num_stages
-        self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
-        self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
-        # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
-        self.templates: dict[tuple[int, int], dict[str, list[_Op]]] = {}
         self.serialize = options.link_sharing == "serialize"
+        self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
         self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
-        self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
-        self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
-        self.last_b = self._last_backward_mb()
-        self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
-
-    def _last_backward_mb(self) -> dict[int, int]:
-        last: dict[int, int] = {}
-        for acts in self.flow.schedule.ranks:
-            for a in acts:
-                if a.op == "B":
-                    last[a.stage] = a.microbatch
-        return last
 
     def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
@@ -322,13 +304,90 @@ class _Builder:
                 self.flow.add(seconds, ((g, S_COMPUTE),), K_SHADOW, "overlapped communication", -1, stage, mb, key,
                               list(deps))  # fmt: skip
 
-    def template(self, vs: int, d: int) -> dict[str, list[_Op]]:
+    def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int) -> int:
+        """One activation or gradient transfer between two GPUs after the sender's task `dep`; returns its task."""
+        flow = self.flow
+        ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
+        cost = self.costs.comm(ev)
+        key = flow.intern(ev.key, cost, "p2p")
+        src = inst.gpus[0]
+        # with serialize the transfer holds the link at both ends
+        slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else ((src, S_P2P),)
+        if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
+            slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
+        dur, shadow = cost.seconds, 0.0
+        if not self.options.p2p_blocking:
+            dur, shadow = self.overlapped(cost.seconds, inst.scope)
+        tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        self.shadow(shadow, (src,), [dep], src_vs, mb, key)
+        return tid
+
+    def allreduce(
+        self, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int, deps: list[int], overlap: bool
+    ) -> int:
+        """A gradient all-reduce over `inst.gpus` after `deps`; `overlap`: backward still runs while it is in flight."""
+        flow = self.flow
+        ev = CommEvent("all_reduce", nbytes, len(inst.gpus), inst.scope, inst.sharers)
+        cost = self.costs.comm(ev)
+        key = flow.intern(ev.key, cost, "dp_allreduce")
+        members = tuple(g for g in inst.gpus if g in self.speed)
+        dur, shadow = cost.seconds, 0.0
+        if overlap:
+            dur, shadow = self.overlapped(cost.seconds, inst.scope)
+        tid = flow.add(dur, self.comm_slots(S_DP, inst.scope, members), K_DP, name, layer, stage, -1, key, list(deps))
+        self.shadow(shadow, members, list(deps), stage, -1, key)
+        self.last_dp.update(dict.fromkeys(members, tid))
+        return tid
+
+    def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
+        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce."""
+        if shard_params <= 0:
+            return
+        flow = self.flow
+        state = flow.model.precision.state_bytes_per_param
+        cost = self.costs.optimizer(shard_params, state)
+        key = flow.intern(optimizer_key(shard_params, state), cost, "optimizer")
+        for g in gpus:
+            deps = [self.last_dp[g]] if g in self.last_dp else []
+            flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1, key, deps)
+
+
+class _Builder(CommWriter):
+    """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
+
+    def __init__(
+        self, flow: EventFlow, costs: CostSource, options: FlowOptions, lanes_d: list[int], lanes_t: list[int]
+    ):
+        super().__init__(flow, costs, options)
+        assert flow.placement is not None
+        self.placement = flow.placement
+        self.lanes_d, self.lanes_t = lanes_d, lanes_t
+        s = flow.strategy
+        self.grid = flow.placement.grid
+        self.num_stages = s.num_stages
+        self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
+        # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
+        self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
+        self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
+        self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
+        self.last_b = self._last_backward_mb()
+        self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+
+    def _last_backward_mb(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for acts in self.flow.schedule.ranks:
+            for a in acts:
+                if a.op == "B":
+                    last[a.stage] = a.microbatch
+        return last
+
+    def template(self, vs: int, d: int) -> dict[str, list[StageOp]]:
         key = (vs, d if not self.flow.symmetric else 0)
         tpl = self.templates.get(key)
         if tpl is None:
             r = vs % self.pp
-            inst = self.flow.placement.tp_groups(r)[d] if self.tp > 1 else None
-            tpl = self.templates[key] = _stage_templates(self.flow, self.costs, vs, inst)
+            inst = self.placement.tp_groups(r)[d] if self.tp > 1 else None
+            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst)
         return tpl
 
     def run(self) -> None:
@@ -400,29 +459,15 @@ class _Builder:
         dst_r = dst_vs % self.pp
         pairs = self.pairs.get((r, dst_r))
         if pairs is None:
-            pairs = self.pairs[(r, dst_r)] = flow.placement.p2p_pairs(r, dst_r)
+            pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
         for j, t in enumerate(self.lanes_t):
-            inst = pairs[d * self.tp + t]
-            ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
-            cost = self.costs.comm(ev)
-            key = flow.intern(ev.key, cost, "p2p")
-            if self.serialize:  # the transfer holds the link at both ends
-                slots = self.comm_slots(S_P2P, inst.scope, (gpus[j], int(self.grid[dst_r, d, t])))
-            else:
-                slots = ((gpus[j], S_P2P),)
-            if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
-                slots = ((gpus[j], S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
-            dur, shadow = cost.seconds, 0.0
-            if not self.options.p2p_blocking:
-                dur, shadow = self.overlapped(cost.seconds, inst.scope)
-            tid = flow.add(dur, slots, K_P2P, f"{what} {a.stage}->{dst_vs}", -1, a.stage, a.microbatch, key, [last[j]])
-            self.shadow(shadow, (gpus[j],), [last[j]], a.stage, a.microbatch, key)
+            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j])
             self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
 
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, vs_or_rank: int, per_t: dict[int, list[int]], layer: int = -1) -> list[int]:
         """One all-reduce per tp rank over the replicas; returns the task ids."""
-        flow, model, s = self.flow, self.flow.model, self.flow.strategy
+        model = self.flow.model
         if layer >= 0:
             held = self.rank_layers[r]
             shard = model.layers[layer].shard_params(self.tp) if model.owns_params(layer, held) else 0.0
@@ -433,23 +478,9 @@ class _Builder:
         nbytes = round(shard * model.precision.grad_bytes)
         if nbytes <= 0:
             return []
-        instances = flow.placement.dp_groups(r)
-        out = []
-        for t in self.lanes_t:
-            inst = instances[t]
-            ev = CommEvent("all_reduce", nbytes, s.dp, inst.scope, inst.sharers)
-            cost = self.costs.comm(ev)
-            key = flow.intern(ev.key, cost, "dp_allreduce")
-            members = tuple(int(self.grid[r, d, t]) for d in self.lanes_d)
-            slots = self.comm_slots(S_DP, inst.scope, members)
-            dur, shadow = cost.seconds, 0.0
-            if layer >= 0 and layer != min(self.rank_layers[r]):  # backward still runs while it is in flight
-                dur, shadow = self.overlapped(cost.seconds, inst.scope)
-            tid = flow.add(dur, slots, K_DP, name, layer, stage, -1, key, list(per_t[t]))
-            self.shadow(shadow, members, list(per_t[t]), stage, -1, key)
-            self.last_dp.update(dict.fromkeys(members, tid))
-            out.append(tid)
-        return out
+        instances = self.placement.dp_groups(r)
+        overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
+        return [self.allreduce(instances[t], nbytes, name, layer, stage, per_t[t], overlap) for t in self.lanes_t]
 
     def rank_shard_params(self, r: int) -> float:
         return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
@@ -468,19 +499,9 @@ class _Builder:
                 per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
                 self.grad_allreduce(r, r, per_t)
         self.tied_allreduce()
-        state = flow.model.precision.state_bytes_per_param
         for r in range(self.pp):
-            shard = self.rank_shard_params(r)
-            if shard <= 0:
-                continue
-            cost = self.costs.optimizer(shard, state)
-            key = flow.intern(optimizer_key(shard, state), cost, "optimizer")
-            for d in self.lanes_d:
-                for t in self.lanes_t:
-                    g = int(self.grid[r, d, t])
-                    deps = [self.last_dp[g]] if g in self.last_dp else []
-                    flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, r, -1, key,
-                             deps)  # fmt: skip
+            gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
+            self.optimizer_step(r, self.rank_shard_params(r), gpus)
 
     def tied_allreduce(self) -> None:
         """Sum the gradients of a tied layer's copy with its original's when they sit on different pipeline ranks.
@@ -501,15 +522,9 @@ class _Builder:
                 continue
             pairs = self.pairs.get((ra, rb))
             if pairs is None:
-                pairs = self.pairs[(ra, rb)] = flow.placement.p2p_pairs(ra, rb)
+                pairs = self.pairs[(ra, rb)] = self.placement.p2p_pairs(ra, rb)
             for d in self.lanes_d:
                 for t in self.lanes_t:
                     inst = pairs[d * self.tp + t]
-                    ev = CommEvent("all_reduce", nbytes, 2, inst.scope, inst.sharers)
-                    cost = self.costs.comm(ev)
-                    key = flow.intern(ev.key, cost, "dp_allreduce")
-                    members = inst.gpus
-                    deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in members]
-                    tid = flow.add(cost.seconds, self.comm_slots(S_DP, inst.scope, members), K_DP,
-                                   f"tied grads {layer.name}~{layer.tied_to}", i, rb, -1, key, deps)  # fmt: skip
-                    self.last_dp.update(dict.fromkeys(members, tid))
+                    deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
+                    self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)

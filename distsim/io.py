@@ -132,6 +132,24 @@ def _umask() -> int:
     return mask
 
 
+def load_plan(path: str | Path) -> Any:
+    """A plan file (YAML or JSON): see :mod:`distsim.plan`."""
+    from distsim.plan import PlanError, plan_from_dict
+
+    return plan_from_dict(read_structured(path, PlanError), where=str(path))
+
+
+def write_plan(path: str | Path, plan: Any) -> Path:
+    """Write a plan as YAML (.yaml/.yml) or JSON (.json), with a header comment saying what it is."""
+    from distsim.plan import plan_to_dict
+
+    data = plan_to_dict(plan)
+    if Path(path).suffix == ".json":
+        return write_json(path, data, indent=2)
+    header = f"# distsim plan: `distsim simulate --plan {Path(path).name}` simulates it\n"
+    return write_text(path, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110))
+
+
 def load_trace(path: str | Path) -> Any:
     from distsim.trace import Trace, TraceError
 

@@ -55,11 +55,17 @@ def estimate_memory(
     schedule: Schedule,
     stage_ranges: tuple[tuple[int, int], ...],
     capacity_bytes: float,
+    stage_samples: list[int] | None = None,
 ) -> list[MemoryEstimate]:
-    """One estimate per pipeline rank."""
-    p, tp, mbs = model.precision, strategy.tp, strategy.micro_batch_size
+    """One estimate per pipeline rank.
+
+    `stage_samples` gives the samples of a micro-batch each (virtual) stage's busiest replica processes when they
+    differ from the strategy's micro-batch size (a plan whose stages split micro-batches over replicas).
+    """
+    p, tp = model.precision, strategy.tp
+    samples = stage_samples or [strategy.micro_batch_size] * len(stage_ranges)
     act_per_stage = {
-        vs: mbs * sum(model.layers[i].saved_bytes_per_sample(tp) for i in range(start, end))
+        vs: samples[vs] * sum(model.layers[i].saved_bytes_per_sample(tp) for i in range(start, end))
         for vs, (start, end) in enumerate(stage_ranges)
     }
     out = []

@@ -76,19 +76,7 @@ class Placement:
 
     # ------------------------------------------------------------------------------------------- communication
     def _instances(self, groups: list[tuple[int, ...]]) -> list[CommInstance]:
-        gpn = self.cluster.gpus_per_node
-        nodes_of = [{g // gpn for g in group} for group in groups]
-        load: Counter[int] = Counter()
-        for ns in nodes_of:
-            if len(ns) > 1:
-                load.update(ns)
-        out = []
-        for group, ns in zip(groups, nodes_of, strict=True):
-            if len(ns) > 1:
-                out.append(CommInstance(group, "inter", max(load[n] for n in ns)))
-            else:
-                out.append(CommInstance(group, "intra", 1))
-        return out
+        return group_instances(groups, self.cluster.gpus_per_node)
 
     def tp_groups(self, stage: int) -> list[CommInstance]:
         """One instance per replica: the tp ranks of that replica of the stage."""
@@ -103,16 +91,39 @@ class Placement:
 
         Sharing is counted per direction: sends leaving a node compete with each other, not with receives.
         """
-        gpn = self.cluster.gpus_per_node
         src, dst = self.grid[src_stage].ravel(), self.grid[dst_stage].ravel()
-        crossing = [(int(a), int(b)) for a, b in zip(src, dst, strict=True) if a // gpn != b // gpn]
-        out_load = Counter(a // gpn for a, _ in crossing)
-        in_load = Counter(b // gpn for _, b in crossing)
-        out = []
-        for a, b in zip(src, dst, strict=True):
-            a, b = int(a), int(b)
-            if a // gpn != b // gpn:
-                out.append(CommInstance((a, b), "inter", max(out_load[a // gpn], in_load[b // gpn])))
-            else:
-                out.append(CommInstance((a, b), "intra", 1))
-        return out
+        pairs = [(int(a), int(b)) for a, b in zip(src, dst, strict=True)]
+        return pair_instances(pairs, self.cluster.gpus_per_node)
+
+
+def group_instances(groups: list[tuple[int, ...]], gpus_per_node: int) -> list[CommInstance]:
+    """Collectives over `groups` running at once: a group spanning nodes shares each of its nodes' NICs with every
+    other spanning group touching that node."""
+    nodes_of = [{g // gpus_per_node for g in group} for group in groups]
+    load: Counter[int] = Counter()
+    for ns in nodes_of:
+        if len(ns) > 1:
+            load.update(ns)
+    out = []
+    for group, ns in zip(groups, nodes_of, strict=True):
+        if len(ns) > 1:
+            out.append(CommInstance(group, "inter", max(load[n] for n in ns)))
+        else:
+            out.append(CommInstance(group, "intra", 1))
+    return out
+
+
+def pair_instances(pairs: list[tuple[int, int]], gpus_per_node: int) -> list[CommInstance]:
+    """Point-to-point transfers (sender, receiver) running at once; sends leaving a node share its NICs, as do
+    receives entering one (per direction)."""
+    gpn = gpus_per_node
+    crossing = [(a, b) for a, b in pairs if a // gpn != b // gpn]
+    out_load = Counter(a // gpn for a, _ in crossing)
+    in_load = Counter(b // gpn for _, b in crossing)
+    out = []
+    for a, b in pairs:
+        if a // gpn != b // gpn:
+            out.append(CommInstance((a, b), "inter", max(out_load[a // gpn], in_load[b // gpn])))
+        else:
+            out.append(CommInstance((a, b), "intra", 1))
+    return out

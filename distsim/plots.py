@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -107,3 +108,47 @@ def compare_gantt(predicted: Timeline, measured: Timeline, title: str = "") -> F
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def search_bars(
+    table: pd.DataFrame,
+    metric: str = "samples_per_s",
+    ax: Axes | None = None,
+    title: str | None = None,
+    max_bars: int = 60,
+) -> Axes:
+    """Bar chart of a search's configurations (a ``GridResult.table()``), as DistSim's Fig. 12: one bar per
+    configuration in enumeration order, those that do not fit in memory drawn at zero and marked OOM. With more than
+    `max_bars` configurations, the best `max_bars` by rank."""
+    df = table
+    if len(df) > max_bars:
+        df = df.nsmallest(max_bars, "rank")
+    elif "index" in df:
+        df = df.sort_values("index")
+    labels = [
+        f"{s}\nmbs{m} {sch}" if multi else str(s)
+        for s, m, sch, multi in zip(df["strategy"], df["mbs"], df["schedule"], [_varies(table)] * len(df), strict=True)
+    ]
+    values = df[metric].fillna(0.0).to_numpy()
+    if ax is None:
+        fig = Figure(figsize=(max(6.0, 0.45 * len(df) + 2), 4.2))
+        ax = fig.add_subplot()
+    best = int(df["rank"].to_numpy().argmin()) if len(df) else -1
+    colors = ["#E45756" if i == best else "#4C78A8" for i in range(len(df))]
+    ax.bar(range(len(df)), values, color=colors)
+    top = float(values.max()) if len(values) else 1.0
+    for i, fits in enumerate(df["fits"]):
+        if not fits:
+            ax.text(i, top * 0.01, "OOM", rotation=90, ha="center", va="bottom", fontsize="x-small", color="#666666")
+    ax.set_xticks(range(len(df)), labels, rotation=90, fontsize="x-small")
+    ax.set_ylabel(
+        {"samples_per_s": "throughput (samples/s)", "tokens_per_s": "throughput (tokens/s)"}.get(metric, metric)
+    )
+    ax.grid(axis="y", alpha=0.3)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def _varies(table: pd.DataFrame) -> bool:
+    return table["mbs"].nunique() > 1 or table["schedule"].nunique() > 1

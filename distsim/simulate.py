@@ -16,6 +16,7 @@ from distsim.costs import AnalyticCosts, CostSource
 from distsim.events import EventFlow, FlowOptions, build_flow
 from distsim.memory import MemoryEstimate, estimate_memory
 from distsim.models.graph import Model
+from distsim.plan import Plan
 from distsim.strategy import Strategy
 from distsim.timeline import GPUStats, Timeline, from_flow
 
@@ -38,6 +39,8 @@ class SimResult:
     """Seconds the simulation itself took (build + engine + timeline)."""
     sampled_iteration_s: list[float] | None = None
     """Stochastic simulation: the iteration time of every sampled run (sorted); None when deterministic."""
+    plan: Plan | None = None
+    """The stages plan simulated (its ``strategy`` is then the schedule-level view: pp = stages, dp = 1)."""
 
     # ------------------------------------------------------------------------------------------------ metrics
     @property
@@ -48,9 +51,23 @@ class SimResult:
         return self.timeline.iteration_time_s
 
     @property
+    def num_gpus(self) -> int:
+        """GPUs the iteration runs on."""
+        return sum(len(v) for v in self.flow.represents.values())
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size if self.plan is not None else self.strategy.global_batch_size
+
+    @property
+    def label(self) -> str:
+        """The strategy (``2M4P2D``) or the plan in DAPPLE's notation (``15:1 split 13:11``)."""
+        return self.plan.notation() if self.plan is not None else str(self.strategy)
+
+    @property
     def throughput_samples_per_s(self) -> float:
         t = self.iteration_time_s
-        return self.strategy.global_batch_size / t if t > 0 else float("inf")
+        return self.global_batch_size / t if t > 0 else float("inf")
 
     @property
     def throughput_tokens_per_s(self) -> float | None:
@@ -117,10 +134,10 @@ class SimResult:
         return {
             "model": self.model.name,
             "cluster": self.cluster.name,
-            "strategy": str(s),
-            "strategy_detail": s.describe(),
-            "gpus": s.num_gpus,
-            "global_batch_size": s.global_batch_size,
+            "strategy": self.label,
+            "strategy_detail": s.describe() if self.plan is None else _plan_detail(self.plan),
+            "gpus": self.num_gpus,
+            "global_batch_size": self.global_batch_size,
             "iteration_time_s": self.iteration_time_s,
             "throughput_samples_per_s": self.throughput_samples_per_s,
             "throughput_tokens_per_s": self.throughput_tokens_per_s,
@@ -154,16 +171,22 @@ class SimResult:
         }
 
 
+def _plan_detail(plan: Plan) -> str:
+    stages = "; ".join(f"layers {a}-{b - 1} on {len(st.devices)} GPU(s)" for st in plan.stages for a, b in [st.layers])
+    return f"mbs={plan.micro_batch_size} mb={plan.micro_batches} schedule={plan.schedule}: {stages}"
+
+
 def simulate(
     model: Model,
     cluster: Cluster,
-    strategy: Strategy,
+    strategy: Strategy | Plan,
     costs: CostSource | None = None,
     options: FlowOptions | None = None,
     samples: int = 0,
     seed: int = 0,
 ) -> SimResult:
-    """Predict one training iteration of `model` on `cluster` under `strategy`.
+    """Predict one training iteration of `model` on `cluster` under `strategy` (or a :class:`~distsim.plan.Plan`,
+    whose stages may differ in layers and replicas).
 
     `costs` defaults to the analytic estimate from the cluster's figures; pass ``ProfileCosts`` to use a profile.
 
@@ -178,17 +201,33 @@ def simulate(
     options = options or FlowOptions()
     if samples > 0:
         options = replace(options, symmetric=False)
-    flow = build_flow(model, cluster, strategy, costs, options)
+    plan = None
+    if isinstance(strategy, Plan):
+        if strategy.strategy is None:
+            plan = strategy
+        else:
+            strategy = strategy.strategy
+    if plan is not None:
+        from distsim.plan_flow import build_plan_flow
+
+        flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
+        strategy = flow.strategy
+    else:
+        flow = build_flow(model, cluster, strategy, costs, options)
     sampled: list[float] | None = None
     if samples > 0:
         result, sampled = _stochastic(flow, samples, seed)
     else:
         result = engine.run(flow.duration_s, flow.deps)
     timeline = from_flow(flow, result.start_s, result.end_s)
-    memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
+    stage_samples = None
+    if plan is not None:
+        stage_samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
+    memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes,
+                             stage_samples)  # fmt: skip
     elapsed = time.perf_counter() - t0
     return SimResult(model, cluster, strategy, options, flow, result, timeline, memory, costs.name, elapsed,
-                     sorted(sampled) if sampled else None)  # fmt: skip
+                     sorted(sampled) if sampled else None, plan)  # fmt: skip
 
 
 def _stochastic(flow: EventFlow, samples: int, seed: int) -> tuple[engine.EngineResult, list[float]]:

@@ -116,7 +116,8 @@ def test_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
             ],
             "missing.json: no such file",
         ),
-        (["simulate", "--model", "gpt2-345m"], "Missing option '--cluster'"),
+        (["simulate", "--model", "gpt2-345m", "--strategy", "1M1P1D"], "give --model and --cluster"),
+        (["simulate", "--model", "gpt2-345m", "--cluster", "distsim-testbed"], "give --strategy"),
         (["simulate", "--bogus"], "No such option '--bogus'"),
     ],
 )

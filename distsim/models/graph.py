@@ -145,6 +145,9 @@ class Model:
     tp_constraints: tuple[tuple[str, int], ...] = ()
     """Dimensions the tp degree must divide, e.g. (("attention heads", 16), ("ffn hidden", 4096))."""
     precision: Precision = FP16_MIXED
+    pipeline_layers: int | None = None
+    """Repeated (transformer) layers a pipeline degree should divide, as Megatron-LM requires of num_layers; None
+    when the model has no such rule. The grid search skips pipeline degrees that do not divide it."""
     source: str = ""
     """Where the dimensions come from (paper, table)."""
     description: str = ""

@@ -41,6 +41,7 @@ _MODEL_KEYS = {
     "description",
     "seq_len",
     "tp_constraints",
+    "pipeline_layers",
     "transformer",
     "layers",
 }
@@ -152,6 +153,7 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
     name = str(data.get("name", "custom"))
     layers: list[Layer] = []
     constraints: list[tuple[str, int]] = []
+    pipeline_layers: int | None = None
     seq_len = data.get("seq_len")
     if "transformer" in data:
         t = data["transformer"]
@@ -177,6 +179,7 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
             raise ModelFileError(f"{where}: transformer dimensions must be integers ({exc})") from None
         layers += stack.layers
         constraints += stack.tp_constraints
+        pipeline_layers = stack.pipeline_layers
         seq_len = seq_len if seq_len is not None else stack.seq_len
     raw_layers = data.get("layers", [])
     if not isinstance(raw_layers, list):
@@ -187,12 +190,17 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
     if not isinstance(tc, dict):
         raise ModelFileError(f"{where}: tp_constraints must map a dimension name to its size")
     constraints += [(str(k), int(v)) for k, v in tc.items()]
+    if "pipeline_layers" in data:
+        pipeline_layers = data["pipeline_layers"]
+        if pipeline_layers is not None and (not isinstance(pipeline_layers, int) or pipeline_layers < 1):
+            raise ModelFileError(f"{where}: pipeline_layers must be a positive integer or null")
     return Model(
         name=name,
         layers=tuple(layers),
         seq_len=None if seq_len is None else int(seq_len),
         tp_constraints=tuple(constraints),
         precision=precision,
+        pipeline_layers=pipeline_layers,
         source=str(data.get("source", where)),
         description=str(data.get("description", f"{len(layers)} layers from {where}")),
     )

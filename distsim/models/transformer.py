@@ -175,6 +175,7 @@ def decoder_only(
         seq_len=s,
         tp_constraints=_tp_constraints(a, h, f, v),
         precision=precision,
+        pipeline_layers=layers,
         source=source,
         description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}",
     )

@@ -32,13 +32,23 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def cluster_for(cluster: Cluster, gpus: int) -> Cluster:
-    """The cluster resized to `gpus` GPUs (whole nodes)."""
+def cluster_for(cluster: Cluster, gpus: int | None) -> Cluster:
+    """The first `gpus` GPUs of the cluster (whole nodes); None: all of them."""
+    if gpus is None:
+        return cluster
+    if gpus < 1:
+        raise DistsimError(f"the GPU count must be positive, got {gpus}")
+    if gpus > cluster.num_gpus:
+        nodes = -(-gpus // cluster.gpus_per_node)
+        raise DistsimError(
+            f"cluster {cluster.name} has {cluster.num_gpus} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node}), "
+            f"not {gpus}; pass --nodes {nodes} to describe a larger one"
+        )
     if gpus % cluster.gpus_per_node:
         raise DistsimError(
             f"{gpus} GPUs is not a whole number of {cluster.name} nodes ({cluster.gpus_per_node} GPUs each)"
         )
-    return cluster.with_nodes(gpus // cluster.gpus_per_node)
+    return cluster if gpus == cluster.num_gpus else cluster.with_nodes(gpus // cluster.gpus_per_node)
 
 
 def enumerate_strategies(
@@ -50,14 +60,30 @@ def enumerate_strategies(
     schedules: Iterable[str] = ("1f1b",),
     virtual_stages: int = 2,
     grad_sync: str = "bulk",
+    tp_degrees: Iterable[int] | None = None,
+    pp_degrees: Iterable[int] | None = None,
+    even_stages: bool = True,
 ) -> tuple[list[Strategy], list[Skipped]]:
-    """Valid strategies for exactly `gpus` GPUs at a fixed global batch, and the skipped combinations with reasons."""
+    """Valid strategies for exactly `gpus` GPUs at a fixed global batch, and the skipped combinations with reasons.
+
+    `tp_degrees` / `pp_degrees` restrict the degrees tried (default: every divisor). With `even_stages` a model
+    that declares ``pipeline_layers`` (its transformer layer count) only gets pipeline degrees that divide it (times
+    the virtual stages when interleaved), as Megatron-LM requires.
+    """
+    if global_batch < 1:
+        raise DistsimError(f"the global batch must be positive, got {global_batch}")
     cluster = cluster_for(cluster, gpus)
     valid: list[Strategy] = []
     skipped: list[Skipped] = []
-    schedules = list(schedules)
+    schedules = list(dict.fromkeys(schedules))
+    tps = set(tp_degrees) if tp_degrees is not None else None
+    pps = set(pp_degrees) if pp_degrees is not None else None
     for tp in divisors(gpus):
+        if tps is not None and tp not in tps:
+            continue
         for pp in divisors(gpus // tp):
+            if pps is not None and pp not in pps:
+                continue
             dp = gpus // (tp * pp)
             for mbs in micro_batch_sizes:
                 for i, schedule in enumerate(schedules):
@@ -65,6 +91,10 @@ def enumerate_strategies(
                         skipped.append(Skipped(tp, pp, dp, mbs, schedule, f"same as {schedules[0]}: no pipeline"))
                         continue
                     made = _make(model, cluster, global_batch, tp, pp, dp, mbs, schedule, virtual_stages, grad_sync)
+                    units = model.pipeline_layers
+                    if even_stages and units and isinstance(made, Strategy) and pp > 1 and units % made.num_stages:
+                        what = f"pp x v = {pp} x {made.chunks}" if made.chunks > 1 else f"pp={pp}"
+                        made = f"{what} does not divide the {units} transformer layers (Megatron-LM needs equal stages)"
                     if isinstance(made, str):
                         skipped.append(Skipped(tp, pp, dp, mbs, schedule, made))
                     else:

@@ -1,0 +1,175 @@
+"""Event flow of a stages plan: pipeline stages with their own layer ranges and their own replica sets.
+
+DAPPLE (Fan et al. 2021) replicates a pipeline stage on r devices and splits every micro-batch among them
+(split-concat, Sec. V-B): replica i of a stage processes a contiguous slice of the micro-batch's samples. Between a
+stage of width r and the next of width r', each sender ships to each receiver the samples their slices share, so
+r = r' is a one-to-one transfer, 1 -> r a split, r -> 1 a concat and r -> r' both. Each stage all-reduces its
+gradients over its own replicas (Sec. V-B, Fig. 10), a tied layer's copies are all-reduced between the stages that
+hold them, and every replica then takes its optimizer step.
+
+The schedule is the uniform one (GPipe or DAPPLE's early backward over S stages); every replica of a stage runs it
+in lock step on its own slice. The flow is emitted with the uniform builder's conventions (unit-time order, ops
+outer and replicas inner, the same communication helpers), so a plan with equal widths placed as Megatron-LM would
+place the uniform strategy produces the same iteration as :func:`distsim.events.build_flow`. Every GPU is
+simulated (replicas of different widths are not symmetric).
+"""
+
+from __future__ import annotations
+
+from distsim.cluster import Cluster
+from distsim.costs import CostSource
+from distsim.events import K_TP, S_COMPUTE, CommWriter, EventFlow, FlowOptions, StageOp, stage_templates
+from distsim.models.graph import Model
+from distsim.placement import CommInstance, group_instances, pair_instances
+from distsim.plan import Plan, PlanError, check_plan
+from distsim.schedules import Action, build_schedule, unit_steps
+
+
+def build_plan_flow(
+    model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions | None = None
+) -> EventFlow:
+    """The full event DAG of one iteration of a stages plan on `cluster`."""
+    if plan.strategy is not None:
+        raise PlanError("a uniform plan is simulated from its strategy (distsim.simulate handles both forms)")
+    options = options or FlowOptions()
+    if options.symmetric is True:
+        raise PlanError("a stages plan is always simulated GPU by GPU; symmetric simulation cannot be required")
+    check_plan(plan, model.num_layers, cluster.num_gpus)
+    strategy = plan.pipeline_strategy()
+    schedule = build_schedule(strategy)
+    stage_ranges = tuple(s.layers for s in plan.stages)
+    represents = {g: (g,) for s in plan.stages for g in s.devices}
+    flow = EventFlow(model, cluster, strategy, schedule, None, stage_ranges, False, represents)
+    _PlanBuilder(flow, plan, costs, options).run()
+    return flow
+
+
+class _PlanBuilder(CommWriter):
+    def __init__(self, flow: EventFlow, plan: Plan, costs: CostSource, options: FlowOptions):
+        super().__init__(flow, costs, options)
+        self.plan = plan
+        self.num_stages = len(plan.stages)
+        self.devices = [list(s.devices) for s in plan.stages]
+        self.slices = [plan.replica_samples(s) for s in range(self.num_stages)]
+        self.held = [set(range(*s.layers)) for s in plan.stages]
+        self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
+        self.incoming: dict[tuple[int, str, int, int], list[int]] = {}  # (stage, op, mb, replica) -> transfers
+        self.links: dict[tuple[int, int], list[tuple[int, int, int, CommInstance]]] = {}
+        self.last_b: dict[int, int] = {}
+        for acts in flow.schedule.ranks:
+            for a in acts:
+                if a.op == "B":
+                    self.last_b[a.stage] = a.microbatch
+        gpn = flow.cluster.gpus_per_node
+        self.dp_group = [group_instances([tuple(d)], gpn)[0] for d in self.devices]
+
+    def template(self, stage: int, samples: int) -> dict[str, list[StageOp]]:
+        tpl = self.templates.get((stage, samples))
+        if tpl is None:
+            tpl = self.templates[(stage, samples)] = stage_templates(self.flow, self.costs, stage, None, samples)
+        return tpl
+
+    def link(self, src: int, dst: int) -> list[tuple[int, int, int, CommInstance]]:
+        """(sender replica, receiver replica, shared samples, instance) of every transfer from stage src to dst."""
+        out = self.links.get((src, dst))
+        if out is None:
+            pairs = []
+            for i, (lo, hi) in enumerate(self.slices[src]):
+                for j, (lo2, hi2) in enumerate(self.slices[dst]):
+                    shared = min(hi, hi2) - max(lo, lo2)
+                    if shared > 0:
+                        pairs.append((i, j, shared))
+            gpus = [(self.devices[src][i], self.devices[dst][j]) for i, j, _ in pairs]
+            instances = pair_instances(gpus, self.flow.cluster.gpus_per_node)
+            out = self.links[(src, dst)] = [(i, j, n, inst) for (i, j, n), inst in zip(pairs, instances, strict=True)]
+        return out
+
+    def run(self) -> None:
+        sched = self.flow.schedule
+        steps = unit_steps(sched)
+        order = sorted((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts)))
+        for _, r, i in order:
+            self.action(sched.ranks[r][i])
+        self.finish()
+
+    def action(self, a: Action) -> None:
+        """One schedule action on every replica of its stage, ops outer and replicas inner (see events._Builder)."""
+        flow, s, mb = self.flow, a.stage, a.microbatch
+        gpus = self.devices[s]
+        wfbp = flow.strategy.grad_sync == "wfbp" and len(gpus) > 1 and a.op == "B" and self.last_b[s] == mb
+        lanes = []
+        for i in range(len(gpus)):
+            lo, hi = self.slices[s][i]
+            has_input = (a.op == "F" and s > 0) or (a.op == "B" and s < self.num_stages - 1)
+            frontier = self.incoming.pop((s, a.op, mb, i)) if has_input else []
+            lanes.append((self.template(s, hi - lo)[a.op], frontier))
+        last = [-1] * len(gpus)
+        ops0 = lanes[0][0]
+        for idx in range(len(ops0)):
+            for j, g in enumerate(gpus):
+                op = lanes[j][0][idx]
+                assert op.kind != K_TP  # stages plans have no tensor parallelism
+                deps = list(lanes[j][1]) if idx == 0 else [last[j]]
+                last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer, s, mb,
+                                   op.key, deps)  # fmt: skip
+            layer = ops0[idx].layer
+            if wfbp and (idx + 1 == len(ops0) or ops0[idx + 1].layer != layer):  # the layer is done
+                self.grad_allreduce(s, list(last), layer)
+        self.send(a, last)
+
+    def send(self, a: Action, last: list[int]) -> None:
+        """Split-concat: every sender replica ships each receiver replica the samples their slices share."""
+        s = a.stage
+        if a.op == "F" and s < self.num_stages - 1:
+            dst, what = s + 1, "act"
+        elif a.op == "B" and s > 0:
+            dst, what = s - 1, "grad"
+        else:
+            return
+        flow = self.flow
+        per_sample = flow.model.boundary_bytes[flow.stage_ranges[min(s, dst)][1] - 1]
+        for i, j, shared, inst in self.link(s, dst):
+            tid = self.p2p(inst, round(per_sample * shared), what, s, dst, a.microbatch, last[i])
+            self.incoming.setdefault((dst, a.op, a.microbatch, j), []).append(tid)
+
+    def grad_allreduce(self, s: int, deps: list[int], layer: int = -1) -> None:
+        """The stage's gradients (one layer's with WFBP) all-reduced over its own replicas."""
+        model = self.flow.model
+        if len(self.devices[s]) < 2:
+            return
+        if layer >= 0:
+            shard = model.layers[layer].shard_params(1) if model.owns_params(layer, self.held[s]) else 0.0
+            name = f"grads {model.layers[layer].name}"
+        else:
+            shard = model.rank_params(sorted(self.held[s]), 1)
+            name = f"grads rank {s}"
+        nbytes = round(shard * model.precision.grad_bytes)
+        if nbytes > 0:
+            overlap = layer >= 0 and layer != min(self.held[s])
+            self.allreduce(self.dp_group[s], nbytes, name, layer, s, deps, overlap)
+
+    def finish(self) -> None:
+        """Per-stage gradient all-reduce (bulk mode), tied copies' all-reduce, then every replica's optimizer step."""
+        flow, model = self.flow, self.flow.model
+        if flow.strategy.grad_sync == "bulk":
+            for s, gpus in enumerate(self.devices):
+                self.grad_allreduce(s, [flow._last[(g, S_COMPUTE)] for g in gpus])
+        stage_of = {i: s for s in range(self.num_stages) for i in self.held[s]}
+        for i, layer in enumerate(model.layers):
+            if layer.tied_to is None:
+                continue
+            sa, sb = stage_of[model.index[layer.tied_to]], stage_of[i]
+            nbytes = round(layer.shard_params(1) * model.precision.grad_bytes)
+            if sa == sb or nbytes <= 0:
+                continue
+            da, db = self.devices[sa], self.devices[sb]
+            gpn = flow.cluster.gpus_per_node
+            if len(da) == len(db):  # replica i of one stage with replica i of the other (Megatron's embedding group)
+                instances = pair_instances(list(zip(da, db, strict=True)), gpn)
+            else:  # widths differ: one group over both stages' replicas
+                instances = group_instances([tuple(da + db)], gpn)
+            for inst in instances:
+                deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
+                self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, sb, deps, False)
+        for s, gpus in enumerate(self.devices):
+            self.optimizer_step(s, model.rank_params(sorted(self.held[s]), 1), gpus)
