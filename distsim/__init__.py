@@ -7,6 +7,8 @@ The public API::
                       Strategy.from_str("2M4P2D", num_micro_batches=8))
     result.iteration_time_s, result.timeline.df, result.per_gpu
 
+Search drivers live in :mod:`distsim.search` (``grid_search``, ``plan_dapple``); plots in :mod:`distsim.plots`.
+
 The simulator core (models, cluster, strategy, schedules, events, engine, timeline) does not import torch.
 """
 
@@ -17,6 +19,7 @@ from distsim.costs import AnalyticCosts, ProfileCosts
 from distsim.errors import DistsimError
 from distsim.events import FlowOptions
 from distsim.models import Model, get_model
+from distsim.plan import Plan, StagePlan
 from distsim.schedules import Schedule, build_schedule, format_grid
 from distsim.simulate import SimResult, simulate
 from distsim.strategy import Strategy
@@ -30,9 +33,11 @@ __all__ = [
     "DistsimError",
     "FlowOptions",
     "Model",
+    "Plan",
     "ProfileCosts",
     "Schedule",
     "SimResult",
+    "StagePlan",
     "Strategy",
     "Timeline",
     "build_schedule",

@@ -1,4 +1,4 @@
-"""Command line: ``distsim simulate | models | clusters | schedule``.
+"""Command line: ``distsim simulate | models | clusters | schedule | profile | execute | validate | search``.
 
 Mistakes in the input (unknown model, invalid strategy, malformed file, unwritable output) print one line on stderr
 and exit with status 2; ``--help`` on every command explains the options with examples.
@@ -56,6 +56,7 @@ def cli() -> None:
           --micro-batches 8 --schedule 1f1b --trace out.json --plot out.png
       distsim schedule --schedule 1f1b --pp 4 --micro-batches 8
       distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16
+    distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
     """
 
 

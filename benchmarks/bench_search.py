@@ -1,0 +1,74 @@
+"""Speed of the search drivers.
+
+1. DistSim grid search for GPT-3 175B on 1024 GPUs (DGX A100, 128 nodes), global batch 1536: tp in 1, 2, 4, 8,
+   every pp dividing the 96 layers and the GPU count, micro-batch sizes 1, 2, 4, 8, schedules GPipe, 1F1B and
+   interleaved. Timed twice: as shipped (configurations that do not fit in 80 GB are not simulated) and with
+   --ignore-memory (every valid configuration simulated). Target: under 30 s.
+2. DAPPLE's planner for BERT-48 (bert-exlarge, 50 graph layers) on 16 GPUs (2 machines x 8 V100, dapple-a),
+   global batch 64, every micro-batch count, the three placement policies, serial and with the workers.
+   Target: under 10 s. Then the simulation of its shortlist.
+
+Run: python benchmarks/bench_search.py [--workers 2] [--repeats 3]
+Each figure is the median wall time over the repeats, measured with time.perf_counter on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+from distsim import AnalyticCosts, get_cluster, get_model
+from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
+from distsim.search.grid import GridSpec, grid_search
+
+
+def timed(fn: Any, repeats: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"{args.workers} workers, median of {args.repeats}\n")  # fmt: skip
+
+    model, cluster = get_model("gpt3-175b"), get_cluster("dgx-a100")
+    costs = AnalyticCosts(cluster)
+    for memory_filter in (True, False):
+        spec = GridSpec(
+            gpus=1024, global_batch=1536, micro_batch_sizes=(1, 2, 4, 8), schedules=("gpipe", "1f1b", "interleaved"),
+            tp_degrees=(1, 2, 4, 8), memory_filter=memory_filter,
+        )  # fmt: skip
+        t, result = timed(lambda s=spec: grid_search(model, cluster, s, costs, workers=args.workers), args.repeats)
+        best = result.best(1)
+        what = "memory filter on" if memory_filter else "--ignore-memory"
+        print(f"GPT-3 175B grid, 1024 GPUs ({what}): {len(result.points)} valid, {len(result.skipped)} skipped, "
+              f"{result.num_out_of_memory} out of memory, {result.num_simulated} simulated: {t:.2f} s "
+              f"(target < 30 s); best {best[0].strategy.describe() if best else '-'}")  # fmt: skip
+
+    model, cluster = get_model("bert-exlarge"), get_cluster("dapple-a")
+    costs = AnalyticCosts(cluster)
+    spec = DappleSpec(gpus=16, global_batch=64)
+    for workers in sorted({1, args.workers}):
+        t, result = timed(lambda w=workers: plan_dapple(model, cluster, spec, costs, workers=w), args.repeats)
+        b = result.best
+        print(f"DAPPLE planner, BERT-48 on 2 x 8 V100, global batch 64, {workers} worker(s): {result.evaluated:,} "
+              f"plans scored over {len(result.best_per_micro_batches)} micro-batch counts in {t:.2f} s "
+              f"(target < 10 s); planner's best {b.notation} at M={b.micro_batches}")  # fmt: skip
+    t_check, checked = timed(lambda: check_with_simulator(result, costs), 1)
+    print(f"  simulating the shortlist ({len(checked)} plans x warm-up policies A and B): {t_check:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
