@@ -59,6 +59,17 @@ def _check_writable(*paths: str | None) -> None:
                 raise DistsimError(f"{p}: directory {directory} does not exist")
 
 
+def _model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any, int]:
+    """--model, --cluster (with --nodes) and the GPU count to plan for (--gpus, default all)."""
+    from distsim.io import load_cluster, load_model
+
+    model = load_model(kw["model_name"])
+    cluster = load_cluster(kw["cluster_name"])
+    if kw["nodes"]:
+        cluster = cluster.with_nodes(kw["nodes"])
+    return model, cluster, kw["gpus"] or cluster.num_gpus
+
+
 class Progress:
     """A progress line on stderr: redrawn in place on a terminal, a line every 10% otherwise."""
 
@@ -161,16 +172,12 @@ def grid(**kw: Any) -> None:
     """
     import pandas as pd
 
-    from distsim.io import load_cluster, load_model, write_csv, write_figure
+    from distsim.io import write_csv, write_figure
     from distsim.search.grid import GridSpec, grid_search
     from distsim.search.space import cluster_for
 
     _check_writable(kw["csv_path"], kw["plot_path"], kw["plan_out"])
-    model = load_model(kw["model_name"])
-    cluster = load_cluster(kw["cluster_name"])
-    if kw["nodes"]:
-        cluster = cluster.with_nodes(kw["nodes"])
-    gpus = kw["gpus"] or cluster.num_gpus
+    model, cluster, gpus = _model_and_cluster(kw)
     cluster = cluster_for(cluster, gpus)
     spec = GridSpec(
         gpus=gpus,
@@ -358,16 +365,12 @@ def dapple(**kw: Any) -> None:
     The same on 16 single-GPU machines (config B), only Fresh First placement:
       distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
     """
-    from distsim.io import load_cluster, load_model, write_chrome_trace, write_figure, write_plan
+    from distsim.io import write_chrome_trace, write_figure, write_plan
     from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
     from distsim.simulate import simulate
 
     _check_writable(kw["plan_out"], kw["trace_path"], kw["plot_path"])
-    model = load_model(kw["model_name"])
-    cluster = load_cluster(kw["cluster_name"])
-    if kw["nodes"]:
-        cluster = cluster.with_nodes(kw["nodes"])
-    gpus = kw["gpus"] or cluster.num_gpus
+    model, cluster, gpus = _model_and_cluster(kw)
     spec = DappleSpec(
         gpus=gpus,
         global_batch=kw["global_batch"],

@@ -117,24 +117,30 @@ class Plan:
         """DAPPLE's notation: ``DP``, ``straight`` or replicas per stage (``15:1``), and the split (``13:11``)."""
         if self.strategy is not None:
             return str(self.strategy)
-        if len(self.stages) == 1:
-            return "DP"
-        reps = (
-            "straight" if all(s.replicas == 1 for s in self.stages) else ":".join(str(s.replicas) for s in self.stages)
-        )
-        return f"{reps} split {':'.join(str(s.num_layers) for s in self.stages)}"
+        return stages_notation(self.stages)
 
     def replica_samples(self, stage: int) -> list[tuple[int, int]]:
-        """[lo, hi) sample slices of a micro-batch that each replica of a stage processes (contiguous, as even as
-        possible, the larger slices first)."""
-        r, b = self.stages[stage].replicas, self.micro_batch_size
-        base, extra = divmod(b, r)
-        out, lo = [], 0
-        for i in range(r):
-            n = base + (1 if i < extra else 0)
-            out.append((lo, lo + n))
-            lo += n
-        return out
+        """[lo, hi) sample slices of a micro-batch that each replica of a stage processes."""
+        return split_samples(self.micro_batch_size, self.stages[stage].replicas)
+
+
+def stages_notation(stages: tuple[StagePlan, ...]) -> str:
+    """DAPPLE's notation of a list of stages: ``DP``, ``straight`` or replicas per stage, and the layer split."""
+    if len(stages) == 1:
+        return "DP"
+    reps = "straight" if all(s.replicas == 1 for s in stages) else ":".join(str(s.replicas) for s in stages)
+    return f"{reps} split {':'.join(str(s.num_layers) for s in stages)}"
+
+
+def split_samples(b: int, r: int) -> list[tuple[int, int]]:
+    """[lo, hi) slices of b samples over r replicas: contiguous, as even as possible, the larger slices first."""
+    base, extra = divmod(b, r)
+    out, lo = [], 0
+    for i in range(r):
+        n = base + (1 if i < extra else 0)
+        out.append((lo, lo + n))
+        lo += n
+    return out
 
 
 def check_plan(plan: Plan, num_layers: int, num_gpus: int) -> None:

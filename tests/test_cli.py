@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distsim.cli import main
+from tests.util import run_cli as run
 
 SIM = [
     "simulate",
@@ -24,13 +24,6 @@ SIM = [
     "--schedule",
     "1f1b",
 ]
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def test_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from distsim import AnalyticCosts, simulate
-from distsim.cli import main
 from distsim.cluster import Cluster, Link
 from distsim.errors import DistsimError
 from distsim.models import Model, model_from_dict
@@ -29,6 +28,7 @@ from distsim.search.dapple import (
     plan_micro_batches,
 )
 from tests.util import HAND_GPU, hand_cluster
+from tests.util import run_cli as run
 
 
 def flops_chain(per_sample_s: list[float], params: list[int], out_bytes: float = 0.0, saved: float = 0.0) -> Model:
@@ -38,13 +38,6 @@ def flops_chain(per_sample_s: list[float], params: list[int], out_bytes: float =
         for i, (s, p) in enumerate(zip(per_sample_s, params, strict=True))
     ]
     return model_from_dict({"name": "hand", "layers": layers})
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 # ---------------------------------------------------------------------------------------------- latency model

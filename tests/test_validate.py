@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 
 from distsim import Strategy, simulate
-from distsim.cli import main
 from distsim.costs import AnalyticCosts
 from distsim.io import load_cluster, load_model, write_json
 from distsim.timeline import COLUMNS, Timeline
 from distsim.trace import Trace
 from distsim.validate import block_spans, compare
+from tests.util import run_cli as run
 
 MODEL, CLUSTER = "gpt2-cpu", "cpu-1x2"
 
@@ -32,13 +32,6 @@ def write_trace(path: Path, plan: dict, frames: list[pd.DataFrame], device: str 
     provenance = {"device": device} if device else {}
     write_json(path, Trace(plan, provenance, [f[list(COLUMNS)].reset_index(drop=True) for f in frames]).to_dict())
     return path
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def test_a_perfect_measurement_has_no_error() -> None:

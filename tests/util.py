@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
+from distsim.cli import main
 from distsim.cluster import GPU, Cluster, Link
 from distsim.costs import AnalyticCosts
 from distsim.models import Model, model_from_dict
@@ -52,3 +55,11 @@ class InterferingCosts(AnalyticCosts):
     def interference(self, scope: str) -> tuple[float, float]:
         c_intra, k_intra, c_inter, k_inter = self.slowdowns
         return (c_intra, k_intra) if scope == "intra" else (c_inter, k_inter)
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the command line in-process: (exit status, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err

@@ -48,7 +48,7 @@ from distsim.errors import DistsimError
 from distsim.models.graph import Model
 from distsim.partition import balanced_partition, ranges
 from distsim.placement import group_instances, pair_instances
-from distsim.plan import Plan, StagePlan
+from distsim.plan import Plan, StagePlan, split_samples, stages_notation
 from distsim.search.space import cluster_for, divisors
 
 POLICIES = ("fresh", "append", "scatter")
@@ -195,7 +195,7 @@ class Candidate:
 
     @property
     def notation(self) -> str:
-        return _notation(self.stages)
+        return stages_notation(self.stages)
 
     @property
     def kind(self) -> str:
@@ -205,13 +205,6 @@ class Candidate:
 
     def throughput(self) -> float:
         return self.micro_batches * self.micro_batch_size / self.latency_s
-
-
-def _notation(stages: tuple[StagePlan, ...]) -> str:
-    if len(stages) == 1:
-        return "DP"
-    reps = "straight" if all(s.replicas == 1 for s in stages) else ":".join(str(s.replicas) for s in stages)
-    return f"{reps} split {':'.join(str(s.num_layers) for s in stages)}"
 
 
 @dataclass
@@ -362,8 +355,8 @@ class StageCosts:
 
     def _pieces(self, per_sample: float, src: tuple[int, ...], dst: tuple[int, ...]) -> float:
         pairs, shares = [], []
-        for i, (lo, hi) in enumerate(_slices(self.b, len(src))):
-            for j, (lo2, hi2) in enumerate(_slices(self.b, len(dst))):
+        for i, (lo, hi) in enumerate(split_samples(self.b, len(src))):
+            for j, (lo2, hi2) in enumerate(split_samples(self.b, len(dst))):
                 shared = min(hi, hi2) - max(lo, lo2)
                 if shared > 0:
                     pairs.append((src[i], dst[j]))
@@ -413,16 +406,6 @@ class StageCosts:
         """Peak bytes on one replica: training state plus `in_flight` micro-batches of saved activations."""
         act = (self.act_prefix[end] - self.act_prefix[start]) * self.samples(replicas)
         return self.params(start, end) * self.state_bytes + in_flight * act
-
-
-def _slices(b: int, r: int) -> list[tuple[int, int]]:
-    base, extra = divmod(b, r)
-    out, lo = [], 0
-    for i in range(r):
-        n = base + (1 if i < extra else 0)
-        out.append((lo, lo + n))
-        lo += n
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ planner
