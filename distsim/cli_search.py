@@ -338,6 +338,9 @@ def _policies(text: str) -> tuple[str, ...]:
 @click.option("--policies", "policies_text", default="fresh,append,scatter", show_default=True, metavar="LIST",
               help="Placement policies the planner composes: Fresh First, Append First, Scatter First.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Plan without the GPU memory check.")
+@click.option("--beam", type=click.IntRange(min=0), default=None, metavar="K",
+              help="Expand the best K planned prefixes per split position (0: all, the paper's DP). [default: all "
+                   "up to 1,024 possible sets of used GPUs (two 8-GPU machines), else 128]")  # fmt: skip
 @click.option("--choose", type=click.Choice(["simulator", "estimate"]), default="simulator", show_default=True,
               help="Pick among the shortlist (best plan per M, pure DP, straight) by simulated time, or take the "
                    "planner's lowest estimate as DAPPLE does.")  # fmt: skip
@@ -380,6 +383,7 @@ def dapple(**kw: Any) -> None:
         max_in_flight=kw["max_in_flight"],
         policies=_policies(kw["policies_text"]),
         memory_filter=not kw["ignore_memory"],
+        beam=kw["beam"],
     )
     costs = _costs(cluster, kw["profile_path"], kw["strict"])
     quiet = kw["quiet"]
@@ -450,8 +454,11 @@ def _dapple_report(result: Any, checked: list[Any], chosen: Any, choose: str) ->
         f"global batch {spec.global_batch}; schedule {spec.schedule}; costs: {result.cost_source}",
         f"{result.evaluated:,} plans scored in {result.wall_time_s:.1f} s (placement: {', '.join(spec.policies)}); "
         f"the best per micro-batch count M, pure DP and straight simulated:",
-        "",
     ]
+    if result.pruned_states:
+        lines.append(f"beam: the best {result.beam} planned prefixes expanded per split position, "
+                     f"{result.pruned_states:,} left out (--beam 0 expands every one, slower)")  # fmt: skip
+    lines.append("")
     if chosen is None:
         lines.append("no valid plan at any micro-batch count: none fits in memory or a stage has more replicas than "
                      "samples (--ignore-memory plans anyway, --micro-batches tries other counts)")  # fmt: skip

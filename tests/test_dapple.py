@@ -19,6 +19,7 @@ from distsim.search.dapple import (
     DappleSpec,
     StageCosts,
     _latency_terms,
+    beam_width,
     check_with_simulator,
     evaluate,
     in_flight,
@@ -304,6 +305,23 @@ def test_memory_limits_the_micro_batch_count_and_nothing_fitting_is_said() -> No
     assert anyway.best is not None and not anyway.best.fits
 
 
+def test_the_beam_bounds_the_search_and_says_so() -> None:
+    from distsim import get_cluster
+
+    cluster = get_cluster("dapple-a")
+    assert beam_width(DappleSpec(16, 64), cluster) == 0  # two 8-GPU machines: 81 sets of used GPUs, all kept
+    assert beam_width(DappleSpec(32, 64), cluster.with_nodes(4)) == 128  # four: 6,561
+    assert beam_width(DappleSpec(32, 64, beam=0), cluster.with_nodes(4)) == 0
+    model = flops_chain([1.0, 2.0, 1.5, 0.5, 1.0, 2.5], [300, 2000, 50, 900, 10, 4000], out_bytes=80.0)
+    small = Cluster("hand", 3, 2, HAND_GPU, Link(4000.0, 0.0), Link(1000.0, 0.0), 1)
+    full = plan_dapple(model, small, DappleSpec(6, 12))
+    narrow = plan_dapple(model, small, DappleSpec(6, 12, beam=1))
+    assert full.pruned_states == 0 and full.beam == 0
+    assert narrow.pruned_states > 0 and narrow.beam == 1 and narrow.evaluated < full.evaluated
+    assert narrow.best is not None and full.best is not None
+    assert narrow.best.latency_s >= full.best.latency_s
+
+
 def test_bad_specs_are_one_line_errors() -> None:
     with pytest.raises(DistsimError, match="do not divide the global batch 8"):
         DappleSpec(2, 8, micro_batches=(3,))
@@ -311,6 +329,8 @@ def test_bad_specs_are_one_line_errors() -> None:
         DappleSpec(2, 8, policies=("fresh", "best-fit"))
     with pytest.raises(DistsimError, match="1f1b or gpipe"):
         DappleSpec(2, 8, schedule="interleaved")
+    with pytest.raises(DistsimError, match="beam must be 0"):
+        DappleSpec(2, 8, beam=-1)
 
 
 # ---------------------------------------------------------------------------------------------- command line

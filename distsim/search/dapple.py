@@ -154,8 +154,15 @@ class DappleSpec:
     policies: tuple[str, ...] = POLICIES
     memory_filter: bool = True
     """Only plans whose every stage fits in GPU memory are answers."""
+    beam: int | None = None
+    """States (planned prefixes) expanded per split position, the best first; 0: all of them (the paper's DP);
+    None: all when the cluster's machines allow at most 1,024 distinct sets of used GPUs (two 8-GPU machines allow
+    81), else the best 128 (four 8-GPU machines allow 6,561, and the search would take minutes per micro-batch
+    count)."""
 
     def __post_init__(self) -> None:
+        if self.beam is not None and self.beam < 0:
+            raise DistsimError(f"the beam must be 0 (every state) or positive, got {self.beam}")
         if self.global_batch < 1:
             raise DistsimError(f"the global batch must be positive, got {self.global_batch}")
         if self.schedule not in ("1f1b", "gpipe"):
@@ -222,6 +229,10 @@ class DappleResult:
     """Plans whose latency was computed."""
     wall_time_s: float
     cost_source: str
+    beam: int = 0
+    """States expanded per split position (0: every state)."""
+    pruned_states: int = 0
+    """States the beam left unexpanded, over all micro-batch counts (0: the search was the paper's full DP)."""
 
     def plan(self, candidate: Candidate | None = None, model: str | None = None, cluster: str | None = None,
              warmup_policy: str | None = None, **note: object) -> Plan:  # fmt: skip
@@ -267,6 +278,8 @@ class DappleResult:
             "best_straight": cand(self.best_straight),
             "best_per_micro_batches": {str(m): cand(c) for m, c in sorted(self.best_per_micro_batches.items())},
             "evaluated": self.evaluated,
+            "beam": self.beam,
+            "pruned_states": self.pruned_states,
             "wall_time_s": self.wall_time_s,
             "cost_source": self.cost_source,
         }
@@ -457,6 +470,15 @@ def evaluate(sc: StageCosts, spec: DappleSpec, M: int, stages: Sequence[Stage]) 
                      tuple(F), tuple(B), tuple(AR))  # fmt: skip
 
 
+def beam_width(spec: DappleSpec, cluster: Cluster) -> int:
+    """States expanded per split position (0: all); see :attr:`DappleSpec.beam`."""
+    if spec.beam is not None:
+        return spec.beam
+    gpn = cluster.gpus_per_node
+    used_sets = (gpn + 1) ** (spec.gpus // gpn)
+    return 0 if used_sets <= 1024 else 128
+
+
 @dataclass
 class _Rows:
     """Every transition's new stage out of one used set (they do not depend on the split position)."""
@@ -511,6 +533,7 @@ class _Search:
         self.state = params * sc.state_bytes
         self.act = np.array(sc.act_prefix)
         self.evaluated = 0
+        self.pruned = 0
         # boundaries carrying the same bytes per sample cost the same: compute each distinct one once
         sizes = [round(x) for x in model.boundary_bytes[: N - 1]]
         firsts = {size: i for i, size in reversed(list(enumerate(sizes)))}
@@ -703,10 +726,14 @@ class _Search:
     def run(self) -> None:
         root = self.set_id(frozenset())
         self.bad[root, 0], self.lat[root, 0] = False, 0.0
+        beam = beam_width(self.spec, self.cluster)
         for j in range(self.N - 1):
             n = len(self.sets)
             live = np.flatnonzero(self.lat[:n, j] < np.inf)
             order = sorted(live, key=lambda u: (bool(self.bad[u, j]), float(self.lat[u, j]), sorted(self.sets[u])))
+            if beam and len(order) > beam:
+                self.pruned += len(order) - beam
+                order = order[:beam]
             for uid in order:
                 self.expand(j, int(uid))
 
@@ -854,8 +881,9 @@ def _latency_terms(
 
 def plan_micro_batches(
     model: Model, cluster: Cluster, spec: DappleSpec, costs: CostSource, M: int, shared: StageCosts | None = None
-) -> tuple[Candidate | None, Candidate | None, Candidate | None, int]:
-    """The DP for one micro-batch count: (best plan, pure DP plan, straight plan, plans evaluated); the pure DP
+) -> tuple[Candidate | None, Candidate | None, Candidate | None, int, int]:
+    """The DP for one micro-batch count: (best plan, pure DP plan, straight plan, plans evaluated, states the beam
+    dropped); the pure DP
     and straight plans are None when they are not valid (too many replicas for the samples, or out of memory).
     `shared`: cost caches to reuse across micro-batch counts."""
     search = _Search(model, cluster, spec, costs, M, shared)
@@ -873,7 +901,7 @@ def plan_micro_batches(
     valid = [c for c in (best, dp, straight) if c is not None and c.valid]
     overall = min(valid, key=lambda c: c.latency_s) if valid else None
     return (overall, dp if dp.valid else None, straight if straight and straight.valid else None,
-            search.evaluated + 2)  # fmt: skip
+            search.evaluated + 2, search.pruned)  # fmt: skip
 
 
 _WORKER: dict[str, Any] = {}
@@ -883,7 +911,7 @@ def _init_worker(model: Model, cluster: Cluster, spec: DappleSpec, costs: CostSo
     _WORKER.update(model=model, cluster=cluster, spec=spec, costs=costs)
 
 
-def _plan_in_worker(M: int) -> tuple[int, Candidate | None, Candidate | None, Candidate | None, int]:
+def _plan_in_worker(M: int) -> tuple[int, Candidate | None, Candidate | None, Candidate | None, int, int]:
     w = _WORKER
     return (M, *plan_micro_batches(w["model"], w["cluster"], w["spec"], w["costs"], M))
 
@@ -907,7 +935,7 @@ def plan_dapple(
         raise DistsimError(f"{model.name} has no layers to plan")
     counts = spec.micro_batches or tuple(divisors(spec.global_batch))
     counts = tuple(sorted(set(counts)))
-    found: dict[int, tuple[Candidate | None, Candidate | None, Candidate | None, int]] = {}
+    found: dict[int, tuple[Candidate | None, Candidate | None, Candidate | None, int, int]] = {}
     workers = max(1, min(workers, len(counts)))
     if workers == 1:
         shared = StageCosts(model, cluster, costs, 1)
@@ -930,10 +958,11 @@ def plan_dapple(
     best_per: dict[int, Candidate] = {}
     dps: list[Candidate] = []
     straights: list[Candidate] = []
-    evaluated = 0
+    evaluated = pruned = 0
     for M in counts:
-        best, dp, straight, n = found[M]
+        best, dp, straight, n, dropped = found[M]
         evaluated += n
+        pruned += dropped
         if best is not None:
             best_per[M] = best
         dps += [dp] if dp is not None else []
@@ -944,7 +973,7 @@ def plan_dapple(
 
     return DappleResult(
         model, cluster, spec, fastest(list(best_per.values())), best_per, fastest(dps), fastest(straights),
-        evaluated, time.perf_counter() - t0, costs.name,
+        evaluated, time.perf_counter() - t0, costs.name, beam_width(spec, cluster), pruned,
     )  # fmt: skip
 
 
