@@ -14,6 +14,8 @@ message) is raised; if they are not done within the timeout they are stopped and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import random
 import re
@@ -23,13 +25,56 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from distsim.errors import DistsimError
 
 NS_PREFIX = "distsim-"
+
+
+class WorkerConfig:
+    """What a launcher hands its rank processes (a dataclass), as JSON in an environment variable."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        return cls(**json.loads(text))
+
+
+def worker_main(config: type[WorkerConfig], env_var: str, run: Callable[[Any], None], command: str) -> None:
+    """Entry point of a launcher-spawned rank: read its configuration from `env_var` and run it; a DistsimError is
+    one line on stderr and exit status 2."""
+    text = os.environ.get(env_var)
+    if not text:
+        print(f"distsim: error: this is a rank process of `{command}` and has no configuration ({env_var}); run "
+              f"`{command}`", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    try:
+        run(config.from_json(text))
+    except DistsimError as exc:
+        print(f"distsim: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def inject_fault(rank: int, at: str, log: Callable[[str], None]) -> None:
+    """Test hook: DISTSIM_FAULT=rank=R,at=POINT,mode=die|hang makes rank R die (exit 17) or hang at POINT."""
+    spec = os.environ.get("DISTSIM_FAULT")
+    if not spec:
+        return
+    kv = dict(item.split("=", 1) for item in spec.split(","))
+    if int(kv.get("rank", -1)) == rank and kv.get("at") == at:
+        if kv.get("mode") == "hang":
+            log(f"rank {rank}: injected hang at {at}")
+            time.sleep(10**6)
+        log(f"rank {rank}: injected failure at {at}")
+        os._exit(17)
+
+
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$", re.IGNORECASE)
 
 

@@ -8,9 +8,7 @@ iteration). Nothing is written if any rank fails.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
 import os
 import platform
 import socket
@@ -20,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distsim.errors import DistsimError
+from distsim.launch import WorkerConfig, inject_fault, worker_main
 
 CONFIG_ENV = "DISTSIM_EXECUTE_CONFIG"
 
 
 @dataclass
-class ExecuteConfig:
+class ExecuteConfig(WorkerConfig):
     model: str
     cluster: str
     nodes: int
@@ -45,29 +44,9 @@ class ExecuteConfig:
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ExecuteConfig:
-        return cls(**json.loads(text))
-
 
 def _log(message: str) -> None:
     print(f"[distsim execute] {message}", file=sys.stderr, flush=True)
-
-
-def _fault(rank: int, iteration: int) -> None:
-    """Test hook: DISTSIM_FAULT=rank=R,at=N,mode=die|hang makes rank R fail in iteration N."""
-    spec = os.environ.get("DISTSIM_FAULT")
-    if not spec:
-        return
-    kv = dict(item.split("=", 1) for item in spec.split(","))
-    if int(kv.get("rank", -1)) == rank and int(kv.get("at", -1)) == iteration:
-        if kv.get("mode") == "hang":
-            time.sleep(10**6)
-        _log(f"rank {rank}: injected failure in iteration {iteration}")
-        os._exit(17)
 
 
 def run(cfg: ExecuteConfig) -> None:
@@ -80,7 +59,7 @@ def run(cfg: ExecuteConfig) -> None:
     from distsim.placement import Placement
     from distsim.profiler.blocks import torch_dtype
     from distsim.profiler.compute import device_name
-    from distsim.profiler.worker import cpu_threads
+    from distsim.profiler.worker import init_rank
     from distsim.schedules import build_schedule
     from distsim.strategy import Strategy, check_strategy
 
@@ -95,14 +74,8 @@ def run(cfg: ExecuteConfig) -> None:
         raise DistsimError("the executor needs the strategy's partition (the simulator's)")
     if world != strategy.num_gpus:
         raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks, this job has {world}")
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cpu_threads(local_world))
-    if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
+    device = init_rank(local_rank, local_world, world, cfg.timeout_s)
+    cuda = device.type == "cuda"
     barrier = dist.barrier if world > 1 else (lambda: None)
     placement = Placement(strategy, cluster)
     schedule = build_schedule(strategy)
@@ -116,7 +89,7 @@ def run(cfg: ExecuteConfig) -> None:
     offsets = _clock_offsets(rank, world) if world > 1 else {0: 0.0}
     total = cfg.warmup + cfg.iterations
     for it in range(total):
-        _fault(rank, it)
+        inject_fault(rank, str(it), _log)  # DISTSIM_FAULT=rank=R,at=ITERATION,mode=die|hang
         check = _capture(runtime, cfg, strategy, placement, rank, world) if cfg.check and it == 0 else None
         runtime.run_iteration(it, barrier, before_step=check)
         runtime.zero_grad()
@@ -304,15 +277,8 @@ def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, placement: Any, ra
 
 
 def main() -> None:
-    text = os.environ.get(CONFIG_ENV)
-    if not text:
-        print("distsim.executor.worker: no configuration (run `distsim execute`)", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run(ExecuteConfig.from_json(text))
-    except DistsimError as exc:
-        print(f"distsim: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    """Entry point of a launcher-spawned rank: the configuration comes from the environment."""
+    worker_main(ExecuteConfig, CONFIG_ENV, run, "distsim execute")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ MASTER_ADDR, MASTER_PORT. DISTSIM_PIN_CPU pins a rank to one core; DISTSIM_FAULT
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
 import os
 import platform
 import socket
@@ -23,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distsim.errors import DistsimError
+from distsim.launch import WorkerConfig, inject_fault, worker_main
 
 CONFIG_ENV = "DISTSIM_PROFILE_CONFIG"
 
 
 @dataclass
-class ProfileConfig:
+class ProfileConfig(WorkerConfig):
     """Everything a rank needs; JSON-serialisable so the launcher can hand it to workers."""
 
     model: str
@@ -51,30 +50,9 @@ class ProfileConfig:
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ProfileConfig:
-        return cls(**json.loads(text))
-
 
 def _log(message: str) -> None:
     print(f"[distsim profile] {message}", file=sys.stderr, flush=True)
-
-
-def _fault(rank: int, stage: str) -> None:
-    """Test hook: DISTSIM_FAULT=rank=R,at=STAGE,mode=die|hang makes rank R fail at STAGE."""
-    spec = os.environ.get("DISTSIM_FAULT")
-    if not spec:
-        return
-    kv = dict(item.split("=", 1) for item in spec.split(","))
-    if int(kv.get("rank", -1)) == rank and kv.get("at") == stage:
-        if kv.get("mode") == "hang":
-            _log(f"rank {rank}: injected hang at {stage}")
-            time.sleep(10**6)
-        _log(f"rank {rank}: injected failure at {stage}")
-        os._exit(17)
 
 
 def cpu_threads(local_world: int) -> int:
@@ -84,6 +62,23 @@ def cpu_threads(local_world: int) -> int:
         os.sched_setaffinity(0, {int(pin)})
         return 1
     return max(1, usable_cores() // local_world)
+
+
+def init_rank(local_rank: int, local_world: int, world: int, timeout_s: float) -> Any:
+    """This rank's device (its local GPU, else the CPU with its share of threads) and, with several ranks, the
+    process group (NCCL on GPUs, gloo on CPUs)."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cpu_threads(local_world))
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s))
+    return device
 
 
 def usable_cores() -> int:
@@ -114,15 +109,9 @@ def run(cfg: ProfileConfig) -> None:
     if world % local_world:
         raise DistsimError(f"WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}")
     nodes = world // local_world
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cpu_threads(local_world))
+    device = init_rank(local_rank, local_world, world, cfg.timeout_s)
+    cuda = device.type == "cuda"
     log = _log if rank == 0 else (lambda _m: None)
-    if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
     backend = dist.get_backend() if world > 1 else ("nccl" if cuda else "none")
 
     model, cluster = load_model(cfg.model), load_cluster(cfg.cluster)
@@ -146,7 +135,7 @@ def run(cfg: ProfileConfig) -> None:
     optimizer_sizes = sorted(set(optimizer_sizes) | set(sweep))
     results: dict[str, Measurement] = {}
     skipped: dict[str, str] = {}
-    _fault(rank, "compute")
+    inject_fault(rank, "compute", _log)
     if cfg.compute:
         mine = compute_events[rank::world]
         for i, (key, event) in enumerate(mine):
@@ -173,7 +162,7 @@ def run(cfg: ProfileConfig) -> None:
     # ------------------------------------------------------------------------------------------ communication
     comm: list[CommMeasurement] = []
     interference: list[Interference] = []
-    _fault(rank, "comm")
+    inject_fault(rank, "comm", _log)
     if cfg.comm and world > 1:
         bench = CommBench(device, cfg.comm_warmup, cfg.comm_repeats, progress=log)
         wanted = found.comm_groups
@@ -246,15 +235,7 @@ def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world
 
 def main() -> None:
     """Entry point of a launcher-spawned rank: the configuration comes from the environment."""
-    text = os.environ.get(CONFIG_ENV)
-    if not text:
-        print("distsim.profiler.worker: no configuration (run `distsim profile`)", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run(ProfileConfig.from_json(text))
-    except DistsimError as exc:
-        print(f"distsim: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    worker_main(ProfileConfig, CONFIG_ENV, run, "distsim profile")
 
 
 if __name__ == "__main__":
