@@ -1,0 +1,173 @@
+"""What the commands share: number formats, option parsers, loading model/cluster/costs, a progress line."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Any
+
+import click
+
+from distsim.errors import DistsimError
+
+GB = 1e9
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_count(n: float) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def parse_stragglers(values: tuple[str, ...]) -> dict[int, float]:
+    out = {}
+    for v in values:
+        gpu, sep, factor = v.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(gpu)] = float(factor)
+        except ValueError:
+            raise DistsimError(f"--straggler expects GPU=FACTOR (e.g. 3=1.5), got {v!r}") from None
+    return out
+
+
+def parse_int_list(text: str, option: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); anything else is a one-line error naming the option."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise DistsimError(f"{option} takes comma-separated integers, e.g. 1,2,4; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise DistsimError(f"{option} takes positive integers, got {text!r}")
+    return values
+
+
+def parse_partition(text: str) -> tuple[int, ...]:
+    """Layers per stage: '23:25' (also '23/25' or '23,25')."""
+    try:
+        values = tuple(int(x) for x in re.split(r"[:/,]", text))
+    except ValueError:
+        raise DistsimError(f"--partition expects layer counts like 23:25, got {text!r}") from None
+    return values
+
+
+def parse_bytes(text: str, option: str = "--max-comm-bytes") -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*", text.lower())
+    if not m:
+        raise DistsimError(f"{option} takes a size like 16MiB or 4194304, got {text!r}")
+    unit = (m.group(2) or "b").rstrip("b") or "b"
+    scale = {"b": 1, "k": 1e3, "ki": 2**10, "m": 1e6, "mi": 2**20, "g": 1e9, "gi": 2**30}[unit]
+    return int(float(m.group(1)) * scale)
+
+
+def parse_schedules(text: str) -> tuple[str, ...]:
+    from distsim.strategy import SCHEDULES
+
+    names = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in SCHEDULES and n != "dapple"]
+    if not names or bad:
+        raise DistsimError(f"--schedules takes a comma-separated subset of {','.join(SCHEDULES)}; got {text!r}")
+    return tuple("1f1b" if n == "dapple" else n for n in names)
+
+
+# option name -> Strategy field, for the options simulate and execute share
+STRATEGY_OPTIONS = (
+    ("micro_batches", "num_micro_batches"),
+    ("micro_batch_size", "micro_batch_size"),
+    ("schedule", "schedule"),
+    ("virtual_stages", "virtual_stages"),
+    ("policy", "warmup_policy"),
+    ("max_in_flight", "max_in_flight"),
+    ("grad_sync", "grad_sync"),
+)
+
+
+def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Strategy fields given on the command line, and the options that gave them (for messages)."""
+    overrides: dict[str, Any] = {}
+    given: list[str] = []
+    for opt, field_name in STRATEGY_OPTIONS:
+        if kw.get(opt) is not None:
+            overrides[field_name] = kw[opt]
+            given.append("--" + opt.replace("_", "-"))
+    if kw.get("partition"):
+        overrides["partition"] = parse_partition(kw["partition"])
+        given.append("--partition")
+    return overrides, given
+
+
+def load_model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any]:
+    """--model and --cluster (resized by --nodes when given)."""
+    from distsim.io import load_cluster, load_model
+
+    model = load_model(kw["model_name"])
+    cluster = load_cluster(kw["cluster_name"])
+    if kw.get("nodes"):
+        cluster = cluster.with_nodes(kw["nodes"])
+    return model, cluster
+
+
+def load_costs(cluster: Any, profile_path: str | None, strict: bool = False) -> Any:
+    """Analytic costs for the cluster, or a profile's measured costs backed by them."""
+    from distsim.costs import AnalyticCosts, ProfileCosts
+    from distsim.io import load_profile
+
+    costs = AnalyticCosts(cluster)
+    if profile_path:
+        return ProfileCosts(load_profile(profile_path), costs, strict=strict)
+    if strict:
+        raise DistsimError("--strict needs --profile")
+    return costs
+
+
+def need_torch(command: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise DistsimError(f"distsim {command} needs torch: pip install torch==2.13.0 (CPU) or a CUDA build") from None
+    return torch
+
+
+def portable(name: str) -> str:
+    """A file by absolute path (rank processes may start elsewhere); a zoo or preset name as it is."""
+    import os
+
+    return os.path.abspath(name) if os.path.exists(name) else name
+
+
+def invoked_command() -> str:
+    return "distsim " + " ".join(sys.argv[1:])
+
+
+class Progress:
+    """A progress line on stderr: redrawn in place on a terminal, a line every 10% otherwise."""
+
+    def __init__(self, total: int, what: str, enabled: bool = True):
+        self.total, self.what, self.enabled = total, what, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.next_mark = 0.1
+
+    def __call__(self, done: int, total: int, *_: Any) -> None:
+        if not self.enabled:
+            return
+        frac = done / total
+        elapsed = time.perf_counter() - self.t0
+        if self.tty:
+            bar = "#" * int(30 * frac)
+            eta = f", ~{elapsed / frac - elapsed:.0f} s left" if 0 < frac < 1 else ""
+            click.echo(f"\r[{bar:<30}] {done}/{total} {self.what} ({elapsed:.1f} s{eta})", nl=False, err=True)
+            if done == total:
+                click.echo("", err=True)
+        elif frac >= self.next_mark or done == total:
+            click.echo(f"{done}/{total} {self.what} ({elapsed:.1f} s)", err=True)
+            while self.next_mark <= frac:
+                self.next_mark += 0.1

@@ -1,0 +1,109 @@
+"""``distsim execute``: run a strategy for real with torch.distributed and record its per-GPU timeline."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.cli.common import (
+    invoked_command,
+    load_costs,
+    load_model_and_cluster,
+    need_torch,
+    portable,
+    strategy_overrides,
+)
+from distsim.errors import DistsimError
+
+
+@cli.command()
+@click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE", help="Zoo model spec or model file.")
+@click.option("--cluster", "-c", "cluster_name", required=True, metavar="NAME|FILE",
+              help="The cluster the plan is for (cpu-1x2, cpu-2x1 on this machine).")  # fmt: skip
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
+@click.option("--strategy", "-s", "strategy_text", required=True, metavar="xMyPzD", help="As for `distsim simulate`.")
+@click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
+@click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
+@click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
+@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), help="bulk or per-layer overlapped. [default: bulk]")
+@click.option("--partition", metavar="N:N:...", help="Layers per stage. [default: the simulator's balanced partition]")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Balance the partition with these measured costs (as simulate --profile would).")  # fmt: skip
+@click.option("--p2p", "p2p_mode", type=click.Choice(["nonblocking", "blocking"]), default="nonblocking",
+              show_default=True, help="isend, or a blocking send on the compute stream.")  # fmt: skip
+@click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True, help="Measured iterations.")
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Iterations run first, unrecorded."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic data.")
+@click.option("--out", "-o", default="trace.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Trace to write (with a Chrome trace of the median iteration, *.chrome.json).")  # fmt: skip
+@click.option("--emulate-nodes", type=click.IntRange(min=1), help="Launch all ranks on this machine as N nodes.")
+@click.option("--procs-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
+@click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (1gbit).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds before a hung run is stopped.")  # fmt: skip
+@click.option("--check", type=click.Path(dir_okay=False), hidden=True, help="Write iteration 0's loss and gradients.")
+def execute(**kw: Any) -> None:
+    """Run a plan for real with torch.distributed and record its per-GPU timeline.
+
+    \b
+    Two emulated nodes on this machine, pipeline 1F1B with 4 micro-batches:
+      distsim execute --model gpt2-cpu --cluster cpu-2x1 --strategy 1M2P1D --schedule 1f1b --micro-batches 4 \\
+          --profile profiles/cpu-gloo.json --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit \\
+          --out traces/gpt2.json
+    On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
+    """
+    from distsim.events import resolve_partition
+    from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
+    from distsim.launch import Emulation
+    from distsim.strategy import Strategy, check_strategy
+
+    model, cluster = load_model_and_cluster(kw)
+    overrides, _ = strategy_overrides(kw)
+    strategy = Strategy.from_str(kw["strategy_text"], **overrides)
+    check_strategy(strategy, model, cluster)
+    if strategy.partition is None:
+        costs = load_costs(cluster, kw["profile_path"])
+        counts = tuple(e - s for s, e in resolve_partition(model, strategy, costs))
+        strategy = strategy.with_(partition=counts)
+    out = kw["out"]
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
+    need_torch("execute")
+    emulation = (
+        Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
+    )
+    if kw["link_bandwidth"] and emulation is None:
+        raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
+    if ranks != strategy.num_gpus:
+        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
+                           "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
+
+    cfg = ExecuteConfig(
+        model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
+        strategy=strategy.describe(), out=os.path.abspath(out), p2p_blocking=kw["p2p_mode"] == "blocking",
+        iterations=kw["iterations"], warmup=kw["warmup"], seed=kw["seed"],
+        check=os.path.abspath(kw["check"]) if kw["check"] else None, timeout_s=kw["timeout"],
+        profile=os.path.relpath(os.path.abspath(kw["profile_path"]), os.path.dirname(os.path.abspath(out)))
+        if kw["profile_path"] else None,  # relative to the trace, so that traces and profiles move together
+        emulation=emulation.to_dict() if emulation else {},
+        command=invoked_command(),
+    )  # fmt: skip
+    click.echo(f"executing {model.name} {strategy.describe()} on {cluster.name}", err=True)
+    from distsim.executor import worker
+
+    if torchrun or emulation is None:
+        worker.run(cfg)
+    else:
+        from distsim.launch import launch
+
+        launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")

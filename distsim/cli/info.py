@@ -1,0 +1,98 @@
+"""``distsim models | clusters | schedule``: what is built in, and a schedule drawn as a grid."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.cli.common import fmt_count
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def models(as_json: bool) -> None:
+    """List the built-in workloads with their size and source."""
+    from distsim.models import ZOO
+
+    rows = []
+    for name, entry in ZOO.items():
+        m = entry.build()
+        rows.append(
+            {
+                "name": name,
+                "family": entry.family,
+                "layers": m.num_layers,
+                "params": m.params,
+                "description": m.description,
+                "source": m.source,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'name':<14} {'family':<30} {'layers':>6} {'params':>9}  description")
+    for r in rows:
+        params = fmt_count(r["params"])
+        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>6} {params:>9}  {r['description']}")
+    click.echo("\nSources: `distsim models --json`. Your own model: a YAML/JSON file (see README).")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def clusters(as_json: bool) -> None:
+    """List the built-in clusters with their figures and sources."""
+    from distsim.cluster import PRESETS
+
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": n,
+                        "nodes": c.nodes,
+                        "gpus_per_node": c.gpus_per_node,
+                        "gpu": c.gpu.name,
+                        "peak_flops_per_s": c.gpu.peak_flops_per_s,
+                        "memory_bytes": c.gpu.memory_bytes,
+                        "intra_bandwidth_bytes_per_s": c.intra.bandwidth_bytes_per_s,
+                        "inter_bandwidth_bytes_per_s": c.inter.bandwidth_bytes_per_s,
+                        "nics_per_node": c.nics_per_node,
+                        "source": c.source,
+                    }
+                    for n, c in PRESETS.items()
+                ],
+                indent=2,
+            )
+        )
+        return
+    for name, c in PRESETS.items():
+        click.echo(f"{name:<16} {c.describe()}\n{'':<16} source: {c.source}")
+
+
+@cli.command()
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b", show_default=True)
+@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
+@click.option("--micro-batches", type=click.IntRange(min=1), required=True)
+@click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
+@click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), default="A", show_default=True)
+@click.option("--max-in-flight", type=click.IntRange(min=1))
+def schedule(**kw: Any) -> None:
+    """Print a pipeline schedule's action lists and its step x rank grid (unit-time F and B)."""
+    from distsim.schedules import build_schedule, format_grid
+    from distsim.strategy import Strategy
+
+    strategy = Strategy(
+        pp=kw["pp"],
+        num_micro_batches=kw["micro_batches"],
+        schedule=kw["schedule"],
+        virtual_stages=kw["virtual_stages"],
+        warmup_policy=kw["policy"],
+        max_in_flight=kw["max_in_flight"],
+    )
+    sched = build_schedule(strategy)
+    click.echo(str(sched))
+    click.echo("")
+    click.echo(format_grid(sched))

@@ -1,0 +1,221 @@
+"""``distsim profile`` (measure the distinct events of strategies on real ranks) and ``distsim profile show``."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.cli.common import (
+    invoked_command,
+    load_model_and_cluster,
+    need_torch,
+    parse_bytes,
+    parse_int_list,
+    portable,
+)
+from distsim.errors import DistsimError
+
+
+@cli.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "-m", "model_name", metavar="NAME|FILE", help="Zoo model spec or model file.")
+@click.option("--cluster", "-c", "cluster_name", metavar="NAME|FILE",
+              help="The cluster the strategies are for (decides group sizes and intra/inter scopes).")  # fmt: skip
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
+@click.option("--strategy", "-s", "strategies", multiple=True, metavar="xMyPzD",
+              help="A strategy whose events to profile (repeatable); --micro-batches etc. apply to each.")  # fmt: skip
+@click.option("--micro-batches", type=click.IntRange(min=1), help="M for every --strategy.")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), help="Micro-batch size for every --strategy.")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="Schedule for every --strategy.")
+@click.option(
+    "--grid-gpus", type=click.IntRange(min=1), help="Profile every strategy a grid over this many GPUs visits."
+)
+@click.option("--global-batch", type=click.IntRange(min=1), help="Global batch of the grid (with --grid-gpus).")
+@click.option("--micro-batch-sizes", default="1", show_default=True, help="Grid micro-batch sizes, e.g. 1,2,4.")
+@click.option("--schedules", default="1f1b", show_default=True, help="Grid schedules, e.g. gpipe,1f1b,interleaved.")
+@click.option("--out", "-o", default="profile.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Profile database to write; an existing one is extended (see --overwrite).")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="Replace --out instead of extending it.")
+@click.option("--emulate-nodes", type=click.IntRange(min=1), help="Launch all ranks on this machine as N nodes.")
+@click.option("--procs-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Ranks per emulated node.")  # fmt: skip
+@click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (tc rate, "
+              "e.g. 1gbit); each node gets its own network namespace.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True,
+              help="Seconds before a hung run is stopped.")  # fmt: skip
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed runs per compute event."
+)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
+@click.option(
+    "--comm-repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs per message."
+)
+@click.option(
+    "--max-comm-bytes", default="16MiB", show_default=True, help="Largest message measured (fits cover more)."
+)
+@click.option("--max-group", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Largest collective group measured (DistSim: 8; larger groups scale by ring volume).")  # fmt: skip
+@click.option("--no-compute", is_flag=True, help="Measure communication only.")
+@click.option("--no-comm", is_flag=True, help="Measure compute only.")
+@click.option("--dry-run", is_flag=True, help="Only report the events the strategies contain and need.")
+@click.pass_context
+def profile(ctx: click.Context, **kw: Any) -> None:
+    """Measure every distinct compute and communication event of a model's strategies.
+
+    \b
+    On two real nodes (G GPUs each), run on every node:
+      torchrun --nnodes 2 --nproc-per-node G --node-rank K --rdzv-endpoint HOST:PORT \\
+          -m distsim profile --model gpt2-345m --cluster dgx-a100 --strategy 8M16P8D --out gpt2.json
+    On one machine, emulating two nodes joined by a 1 Gbit/s link (root for --link-bandwidth):
+      distsim profile --model gpt2-345m:seq=128,precision=fp32 --cluster cpu-2x1 --strategy 1M2P1D \\
+          --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out cpu.json
+    `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+
+    from distsim.costs import AnalyticCosts
+    from distsim.discovery import discover
+    from distsim.io import load_profile
+    from distsim.launch import Emulation
+    from distsim.profiler.worker import CONFIG_ENV, ProfileConfig
+    from distsim.search.space import cluster_for, enumerate_strategies
+    from distsim.strategy import Strategy
+
+    if not kw["model_name"] or not kw["cluster_name"]:
+        raise click.UsageError("distsim profile needs --model and --cluster (or use `distsim profile show FILE`)")
+    model, cluster = load_model_and_cluster(kw)
+    overrides = {
+        k: v
+        for k, v in (
+            ("num_micro_batches", kw["micro_batches"]),
+            ("micro_batch_size", kw["micro_batch_size"]),
+            ("schedule", kw["schedule"]),
+        )
+        if v
+    }
+    strategies = [Strategy.from_str(s, **overrides) for s in kw["strategies"]]
+    if kw["grid_gpus"]:
+        if not kw["global_batch"]:
+            raise DistsimError("--grid-gpus needs --global-batch")
+        cluster = cluster_for(cluster, kw["grid_gpus"])
+        grid, _ = enumerate_strategies(model, cluster, kw["grid_gpus"], kw["global_batch"],
+                                       parse_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes"),
+                                       [x.strip() for x in kw["schedules"].split(",") if x.strip()])  # fmt: skip
+        strategies += grid
+    if not strategies:
+        raise DistsimError("give the strategies to profile: --strategy (repeatable) or --grid-gpus with --global-batch")
+    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
+    click.echo(found.report(), err=True)
+    if kw["dry_run"]:
+        return
+    out = kw["out"]
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
+    existing = load_profile(out) if os.path.exists(out) and not kw["overwrite"] else None
+    if existing is not None:
+        click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "
+                   "--overwrite replaces it)", err=True)  # fmt: skip
+    torch = need_torch("profile")
+    emulation = (
+        Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
+    )
+    if kw["link_bandwidth"] and emulation is None:
+        raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
+    if existing is not None:
+        from distsim.profiler.compute import device_name
+        from distsim.profiler.worker import usable_cores
+
+        world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
+        local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        cuda = torch.cuda.is_available()
+        planned = {
+            "device": device_name(torch.device("cuda:0" if cuda else "cpu")),
+            "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
+            "backend": ("nccl" if cuda else "gloo") if world > 1 and not kw["no_comm"] else "none",
+        }
+        problem = existing.incompatibility(planned)
+        if problem:
+            raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
+
+    cfg = ProfileConfig(
+        model=portable(kw["model_name"]),
+        cluster=portable(kw["cluster_name"]),
+        nodes=cluster.nodes,
+        strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
+        repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=parse_bytes(kw["max_comm_bytes"]),
+        max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"], compute=not kw["no_compute"],
+        comm=not kw["no_comm"], emulation=emulation.to_dict() if emulation else {},
+        command=invoked_command(),
+    )  # fmt: skip
+    from distsim.profiler import worker
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+        worker.run(cfg)
+        return
+    if emulation is None:
+        worker.run(cfg)  # one process: compute events only
+    else:
+        from distsim.launch import launch
+
+        launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")
+    db = load_profile(out)
+    click.echo(_profile_cost_report(found, db), err=True)
+
+
+def _profile_cost_report(found: Any, db: Any) -> str:
+    run = (db.provenance.get("runs") or [{}])[-1]
+    return (
+        f"profiling cost: the strategies contain {found.events_total:,} per-GPU events "
+        f"({found.events_unique} distinct); this run measured {run.get('compute_events', 0)} compute/optimizer "
+        f"events and {run.get('comm_measurements', 0)} communication sizes in {run.get('seconds', 0):.0f} s"
+    )
+
+
+@profile.command("show")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole database.")
+def profile_show(path: str, as_json: bool) -> None:
+    """Summarise a profile database: provenance, compute events, communication fits."""
+    from distsim.io import load_profile
+
+    db = load_profile(path)
+    if as_json:
+        click.echo(json.dumps(db.to_dict(), indent=1))
+        return
+    p = db.provenance
+    click.echo(f"{path}: {p.get('device', '?')}, backend {p.get('backend', '?')}, torch {p.get('torch', '?')}, "
+               f"{p.get('nodes', '?')} node(s) x {p.get('procs_per_node', '?')} rank(s)")  # fmt: skip
+    if p.get("emulation"):
+        click.echo(f"  emulated on one machine: {p['emulation']}")
+    if p.get("note"):
+        click.echo(f"  note: {p['note']}")
+    for run in p.get("runs", []):
+        layout = f"{run.get('nodes', '?')}x{run.get('procs_per_node', '?')} {run.get('backend', '')}".rstrip()
+        if (run.get("emulation") or {}).get("link_bandwidth"):
+            layout += f", link {run['emulation']['link_bandwidth']}"
+        counts = f"{run.get('compute_events')} compute, {run.get('comm_measurements')} comm"
+        click.echo(f"  run {run.get('date')} ({layout}): {counts} in {run.get('seconds')} s  {run.get('model', '')}")
+    ops: dict[str, int] = {}
+    for key in db.compute:
+        op = key.split("[", 1)[0].split("/", 1)[0]
+        ops[op] = ops.get(op, 0) + 1
+    click.echo(f"compute events: {len(db.compute)} (" + ", ".join(f"{n} {op}" for op, n in sorted(ops.items())) + ")")
+    click.echo(f"communication: {len(db.comm)} measurements, {len(db.fits)} alpha-beta fits")
+    for f in db.fits:
+        click.echo(f"  {f.collective:<15} {f.scope:<6} x{f.group_size:<3} alpha {f.alpha_s * 1e6:9.1f} us   "
+                   f"bandwidth {f.bandwidth_bytes_per_s / 1e9:8.3f} GB/s   ({f.points} sizes)")  # fmt: skip
+    notes = sorted({m.note for m in db.comm if m.note})
+    for note in notes:
+        click.echo(f"  note: {note}")
+    for f in db.compute_fits:
+        click.echo(f"optimizer fit {f.family}: {f.alpha_s * 1e3:.3f} ms + {f.beta_s_per_unit * 1e9:.3f} ns/param")
+    for i in db.interference:
+        click.echo(f"overlap interference {i.scope}: compute {i.compute_slowdown:+.0%} while a "
+                   f"{i.bytes / 2**20:.0f} MiB all-reduce runs, the all-reduce {i.comm_slowdown:+.0%}")  # fmt: skip
+    if p.get("not_profiled"):
+        click.echo(f"not profiled ({len(p['not_profiled'])}): " + "; ".join(list(p["not_profiled"].values())[:3]))

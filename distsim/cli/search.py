@@ -1,0 +1,70 @@
+"""``distsim search``: the group of search drivers, and the options and helpers they share.
+
+Each driver's command lives in its own module (``search_grid``, ``search_dapple``) and registers on :data:`search`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.cli.common import load_model_and_cluster, parse_int_list
+from distsim.errors import DistsimError
+
+
+def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
+    return None if text is None else parse_int_list(text, option)
+
+
+def check_writable(*paths: str | None) -> None:
+    """Fail before a long search, not after it, when an output cannot be written."""
+    for p in paths:
+        if p:
+            directory = Path(p).parent if str(Path(p).parent) else Path(".")
+            if not directory.is_dir():
+                raise DistsimError(f"{p}: directory {directory} does not exist")
+
+
+def model_and_gpus(kw: dict[str, Any]) -> tuple[Any, Any, int]:
+    """--model, --cluster (with --nodes) and the GPU count to plan for (--gpus, default all)."""
+    model, cluster = load_model_and_cluster(kw)
+    return model, cluster, kw["gpus"] or cluster.num_gpus
+
+
+def shared_options(f: Any) -> Any:
+    options = [
+        click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE",
+                     help="Zoo model (see `distsim models`) or a YAML/JSON model file."),
+        click.option("--cluster", "-c", "cluster_name", required=True, metavar="NAME|FILE",
+                     help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file."),
+        click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count."),
+        click.option("--gpus", type=click.IntRange(min=1),
+                     help="GPUs to plan for (whole nodes, at most the cluster's). [default: all]"),
+        click.option("--global-batch", type=click.IntRange(min=1), required=True,
+                     help="Samples per iteration; every candidate trains exactly this many."),
+        click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="Profile database with measured event times. [default: analytic estimates]"),
+        click.option("--strict", is_flag=True, help="With --profile: fail on an event the profile lacks."),
+        click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@cli.group()
+def search() -> None:
+    """Search strategies with the simulator: DistSim's grid search or DAPPLE's planner.
+
+    \b
+    Examples:
+      distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16
+      distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
+    Both write the best plan as a file that `distsim simulate --plan FILE` simulates.
+    """
+
+
+from distsim.cli import search_dapple, search_grid  # noqa: E402, F401 - the drivers register on `search`

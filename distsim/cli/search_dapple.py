@@ -1,0 +1,219 @@
+"""``distsim search dapple``: DAPPLE's planner of uneven, replicated pipeline stages (Fan et al. 2021, Sec. IV)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from distsim.cli.common import GB, Progress, load_costs
+from distsim.cli.search import check_writable, model_and_gpus, opt_int_list, search, shared_options
+from distsim.errors import DistsimError
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    from distsim.search.dapple import POLICIES
+
+    names = tuple(x.strip().lower() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in POLICIES]
+    if not names or bad:
+        raise DistsimError(f"--policies takes a comma-separated subset of {','.join(POLICIES)}; got {text!r}")
+    return tuple(dict.fromkeys(names))
+
+
+@search.command()
+@shared_options
+@click.option("--micro-batches", "micro_batches_text", metavar="LIST",
+              help="Micro-batch counts M to try (dividing the global batch). [default: every divisor]")  # fmt: skip
+@click.option("--schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True,
+              help="Early backward (1f1b) or GPipe: the in-flight activations the memory check counts.")  # fmt: skip
+@click.option("--warmup-policy", type=click.Choice(["A", "B", "best"]), default="best", show_default=True,
+              help="Warm-up K_i = min(S-i, D) (A) or min(2(S-i)-1, D) (B); best simulates both.")  # fmt: skip
+@click.option("--max-in-flight", "max_in_flight", type=click.IntRange(min=1), metavar="D",
+              help="At most D micro-batches in flight on a stage (DAPPLE's D). [default: no limit]")  # fmt: skip
+@click.option("--policies", "policies_text", default="fresh,append,scatter", show_default=True, metavar="LIST",
+              help="Placement policies the planner composes: Fresh First, Append First, Scatter First.")  # fmt: skip
+@click.option("--ignore-memory", is_flag=True, help="Plan without the GPU memory check.")
+@click.option("--beam", type=click.IntRange(min=0), default=None, metavar="K",
+              help="Expand the best K planned prefixes per split position (0: all, the paper's DP). [default: all "
+                   "up to 1,024 possible sets of used GPUs (two 8-GPU machines), else 128]")  # fmt: skip
+@click.option("--choose", type=click.Choice(["simulator", "estimate"]), default="simulator", show_default=True,
+              help="Pick among the shortlist (best plan per M, pure DP, straight) by simulated time, or take the "
+                   "planner's lowest estimate as DAPPLE does.")  # fmt: skip
+@click.option("--plan-out", default="dapple.plan.yaml", show_default=True, metavar="FILE",
+              help="Write the chosen plan as a plan file ('' to skip).")  # fmt: skip
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Chrome/Perfetto trace of the chosen plan's simulated iteration.")  # fmt: skip
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Gantt chart of the chosen plan's simulated iteration (PNG/SVG/PDF).")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes planning micro-batch counts in parallel. [default: the CPU count]")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def dapple(**kw: Any) -> None:
+    """DAPPLE's planner: uneven stages, stage replication and device placement (Fan et al. 2021, Sec. IV).
+
+    A dynamic programme over split positions and replica counts, placing each new stage with the Fresh First,
+    Append First and Scatter First policies on the cluster's machines, scores every plan with DAPPLE's latency
+    model (pivot stage, corrected ending term) for every micro-batch count M. Pure data parallelism and the
+    straight pipeline are candidates too. The shortlist (the best plan per M, the best pure-DP and straight
+    plans) is then simulated under warm-up policies A and B; the chosen plan is written as a plan file.
+
+    \b
+    BERT-48 on two 8-GPU V100 machines (DAPPLE's config A), global batch 64:
+      distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
+    The same on 16 single-GPU machines (config B), only Fresh First placement:
+      distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
+    """
+    from distsim.io import write_chrome_trace, write_figure, write_plan
+    from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
+    from distsim.simulate import simulate
+
+    check_writable(kw["plan_out"], kw["trace_path"], kw["plot_path"])
+    model, cluster, gpus = model_and_gpus(kw)
+    spec = DappleSpec(
+        gpus=gpus,
+        global_batch=kw["global_batch"],
+        micro_batches=opt_int_list(kw["micro_batches_text"], "--micro-batches"),
+        schedule=kw["schedule"],
+        warmup_policy="A" if kw["warmup_policy"] == "best" else kw["warmup_policy"],
+        max_in_flight=kw["max_in_flight"],
+        policies=_policies(kw["policies_text"]),
+        memory_filter=not kw["ignore_memory"],
+        beam=kw["beam"],
+    )
+    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
+    quiet = kw["quiet"]
+    progress = Progress(0, "micro-batch counts planned", enabled=not quiet)
+    workers = kw["workers"] or os.cpu_count() or 1
+    result = plan_dapple(model, cluster, spec, costs, progress=lambda d, t, _m: progress(d, t), workers=workers)
+    policies = ("A", "B") if kw["warmup_policy"] == "best" else (spec.warmup_policy,)
+    checking = Progress(0, "shortlisted plans simulated", enabled=not quiet)
+    checked = check_with_simulator(result, costs, policies, progress=lambda d, t, _m: checking(d, t))
+    chosen = None
+    if checked:
+        if kw["choose"] == "simulator":
+            chosen = min(checked, key=lambda c: (c.iteration_s, c.candidate.latency_s))
+        else:
+            chosen = min(checked, key=lambda c: (c.candidate.latency_s, c.iteration_s))
+    written = []
+    if chosen is not None:
+        best = chosen.candidate
+        plan = result.plan(
+            best, model=kw["model_name"], cluster=kw["cluster_name"], warmup_policy=chosen.policy,
+            driver="distsim search dapple", planner_estimate_s=round(best.latency_s, 9),
+            predicted_iteration_s=round(chosen.iteration_s, 9), global_batch=spec.global_batch,
+        )  # fmt: skip
+        if kw["plan_out"]:
+            written.append(str(write_plan(kw["plan_out"], plan)))
+        if kw["trace_path"] or kw["plot_path"]:
+            r = simulate(model, result.cluster, result.plan(best, warmup_policy=chosen.policy), costs)
+            title = f"{model.name} {best.notation} (M={best.micro_batches}) on {result.cluster.name}"
+            if kw["trace_path"]:
+                write_chrome_trace(kw["trace_path"], r.timeline.chrome_trace_events(), title)
+                written.append(kw["trace_path"])
+            if kw["plot_path"]:
+                from distsim.plots import gantt
+
+                ax = gantt(r.timeline, title=f"{title}: {r.iteration_time_s * 1e3:.1f} ms")
+                write_figure(kw["plot_path"], ax.figure)
+                written.append(kw["plot_path"])
+    if kw["as_json"]:
+        data = result.to_dict()
+        data["shortlist"] = [
+            {"label": c.label, "notation": c.candidate.notation, "micro_batches": c.candidate.micro_batches,
+             "estimate_s": c.candidate.latency_s, "simulated_s": c.simulated_s}
+            for c in checked
+        ]  # fmt: skip
+        data["chosen"] = None if chosen is None else {"label": chosen.label, "warmup_policy": chosen.policy,
+                                                      "notation": chosen.candidate.notation,
+                                                      "estimate_s": chosen.candidate.latency_s,
+                                                      "simulated_s": chosen.iteration_s}  # fmt: skip
+        data["choose"] = kw["choose"]
+        data["written"] = written
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(_dapple_report(result, checked, chosen, kw["choose"]))
+    for path in written:
+        click.echo(f"wrote {path}")
+    if kw["plan_out"] and chosen is not None:
+        click.echo(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot dapple.png")
+
+
+def _dapple_report(result: Any, checked: list[Any], chosen: Any, choose: str) -> str:
+    import pandas as pd
+
+    from distsim.plan import format_devices
+
+    c, spec, model = result.cluster, result.spec, result.model
+    lines = [
+        f"{model.name} ({model.num_layers} layers) on {spec.gpus} GPUs of {c.name} ({c.describe()}), "
+        f"global batch {spec.global_batch}; schedule {spec.schedule}; costs: {result.cost_source}",
+        f"{result.evaluated:,} plans scored in {result.wall_time_s:.1f} s (placement: {', '.join(spec.policies)}); "
+        f"the best per micro-batch count M, pure DP and straight simulated:",
+    ]
+    if result.pruned_states:
+        lines.append(f"beam: the best {result.beam} planned prefixes expanded per split position, "
+                     f"{result.pruned_states:,} left out (--beam 0 expands every one, slower)")  # fmt: skip
+    lines.append("")
+    if chosen is None:
+        lines.append("no valid plan at any micro-batch count: none fits in memory or a stage has more replicas than "
+                     "samples (--ignore-memory plans anyway, --micro-batches tries other counts)")  # fmt: skip
+        return "\n".join(lines)
+    rows = [
+        {
+            "": "*" if x is chosen else "",
+            "candidate": x.label,
+            "plan": x.candidate.notation,
+            "M": x.candidate.micro_batches,
+            "mbs": x.candidate.micro_batch_size,
+            "estimate_ms": f"{x.candidate.latency_s * 1e3:.2f}",
+            "simulated_ms": f"{x.iteration_s * 1e3:.2f}" + (f" ({x.policy})" if len(x.simulated_s) > 1 else ""),
+            "samples_per_s": f"{x.candidate.micro_batches * x.candidate.micro_batch_size / x.iteration_s:,.1f}",
+            "peak_mem_GB": f"{x.candidate.peak_memory_bytes / GB:.1f}",
+        }
+        for x in checked
+    ]
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60):
+        lines.append(pd.DataFrame(rows).to_string(index=False))
+    by_estimate = min(checked, key=lambda x: (x.candidate.latency_s, x.iteration_s))
+    best = chosen.candidate
+    how = "lowest simulated time" if choose == "simulator" else "lowest planner estimate, as DAPPLE picks"
+    lines += [
+        "",
+        f"chosen ({how}): {best.notation}, {best.micro_batches} micro-batches of {best.micro_batch_size} samples, "
+        f"warm-up policy {chosen.policy}",
+    ]
+    for i, st in enumerate(best.stages):
+        a, e = st.layers
+        f, b, ar = best.forward_s[2 * i], best.backward_s[2 * i], best.allreduce_s[2 * i]
+        lines.append(
+            f"  stage {i}: layers {a}-{e - 1} ({model.layers[a].name} .. {model.layers[e - 1].name}) on "
+            f"GPU{'s' if st.replicas > 1 else ''} {format_devices(st.devices)}: F {f * 1e3:.2f} ms, "
+            f"B {b * 1e3:.2f} ms, AR+opt {ar * 1e3:.2f} ms"
+        )
+    pivot = best.pivot
+    where = f"compute stage {pivot // 2}" if pivot % 2 == 0 else f"transfer {pivot // 2}->{pivot // 2 + 1}"
+    gap = (best.latency_s - chosen.iteration_s) / chosen.iteration_s
+    lines.append(f"  planner estimate {best.latency_s * 1e3:.2f} ms (pivot: {where}); simulator "
+                 f"{chosen.iteration_s * 1e3:.2f} ms ({gap:+.1%} estimate vs simulation)")  # fmt: skip
+    if len(chosen.simulated_s) == 2:
+        sa, sb = chosen.simulated_s["A"], chosen.simulated_s["B"]
+        lines.append(
+            f"  warm-up policy A {sa * 1e3:.2f} ms, B {sb * 1e3:.2f} ms: P_B over P_A throughput {sa / sb:.2f}"
+        )
+    if by_estimate is not chosen:
+        x = by_estimate.candidate
+        lines.append(f"  the planner's own pick, {x.notation} at M={x.micro_batches} (estimate "
+                     f"{x.latency_s * 1e3:.2f} ms), simulates to {by_estimate.iteration_s * 1e3:.2f} ms")  # fmt: skip
+    for kind, label in (("DP", "pure data parallel"), ("straight", "straight pipeline")):
+        same = [x for x in checked if x.candidate.kind == kind]
+        if not same:
+            lines.append(f"  vs {label}: no valid plan (out of memory or too few samples per replica)")
+            continue
+        other = min(same, key=lambda x: x.iteration_s)
+        if other is not chosen:
+            lines.append(f"  vs {label} (M={other.candidate.micro_batches}): simulated {other.iteration_s * 1e3:.2f} "
+                         f"ms, so the chosen plan is {other.iteration_s / chosen.iteration_s:.2f}x faster")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""``distsim search grid``: DistSim's grid search over tensor x pipeline x data degrees (Sec. 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from distsim.cli.common import GB, Progress, load_costs, parse_schedules
+from distsim.cli.search import check_writable, model_and_gpus, opt_int_list, search, shared_options
+from distsim.errors import DistsimError
+
+
+@search.command()
+@shared_options
+@click.option("--schedules", default="1f1b", show_default=True, metavar="LIST",
+              help="Pipeline schedules to try: any of gpipe,1f1b,interleaved.")  # fmt: skip
+@click.option("--micro-batch-sizes", default="1", show_default=True, metavar="LIST",
+              help="Micro-batch sizes to try, e.g. 1,2,4,8.")  # fmt: skip
+@click.option("--tp", "tp_text", metavar="LIST", help="Tensor-parallel degrees to try, e.g. 1,2,4,8. [default: all]")
+@click.option("--pp", "pp_text", metavar="LIST", help="Pipeline degrees to try. [default: all]")
+@click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
+              help="Model chunks per rank for the interleaved schedule.")  # fmt: skip
+@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), default="bulk", show_default=True,
+              help="Gradient all-reduce: after backward (DistSim) or per layer, overlapped (WFBP).")  # fmt: skip
+@click.option("--uneven-stages", is_flag=True,
+              help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
+@click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Rows of the ranked table to print (0: all).")  # fmt: skip
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the whole table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Bar chart of throughput per configuration (OOM at zero), PNG/SVG/PDF.")  # fmt: skip
+@click.option("--plan-out", default="grid-best.plan.yaml", show_default=True, metavar="FILE",
+              help="Write the best configuration as a plan file ('' to skip).")  # fmt: skip
+@click.option("--trace-best", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write the Chrome trace, Gantt chart and plan of the best --top configurations.")  # fmt: skip
+@click.option("--show-skipped", is_flag=True, help="List every skipped combination and why.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes. [default: the CPU count]")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def grid(**kw: Any) -> None:
+    """Grid search over tensor x pipeline x data degrees, micro-batch sizes and schedules (DistSim Sec. 6).
+
+    Every valid configuration for the GPUs is checked for memory; those that fit are simulated (in parallel) and
+    ranked by iteration time. Configurations that do not fit score zero throughput and rank last.
+
+    \b
+    DistSim's use case (BERT-exLarge, 48 layers, on 4 x 4 A10, global batch 16; 15 settings):
+      distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16 --plot grid.png
+    GPT-3 175B on 1024 A100s:
+      distsim search grid --model gpt3-175b --cluster dgx-a100 --global-batch 1536 --tp 1,2,4,8 \\
+          --micro-batch-sizes 1,2,4,8 --schedules gpipe,1f1b,interleaved
+    """
+    import pandas as pd
+
+    from distsim.io import write_csv, write_figure
+    from distsim.search.grid import GridSpec, grid_search
+    from distsim.search.space import cluster_for
+
+    check_writable(kw["csv_path"], kw["plot_path"], kw["plan_out"])
+    model, cluster, gpus = model_and_gpus(kw)
+    cluster = cluster_for(cluster, gpus)
+    spec = GridSpec(
+        gpus=gpus,
+        global_batch=kw["global_batch"],
+        micro_batch_sizes=opt_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes") or (1,),
+        schedules=parse_schedules(kw["schedules"]),
+        tp_degrees=opt_int_list(kw["tp_text"], "--tp"),
+        pp_degrees=opt_int_list(kw["pp_text"], "--pp"),
+        virtual_stages=kw["virtual_stages"],
+        grad_sync=kw["grad_sync"],
+        even_stages=not kw["uneven_stages"],
+        memory_filter=not kw["ignore_memory"],
+    )
+    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
+    workers = kw["workers"] or os.cpu_count() or 1
+    progress = Progress(0, "configurations evaluated", enabled=not kw["quiet"])
+
+    def report(done: int, total: int, point: Any) -> None:
+        progress.total = total
+        progress(done, total, point)
+
+    result = grid_search(model, cluster, spec, costs, workers=workers, progress=report)
+    table = result.table()
+    if kw["csv_path"]:
+        write_csv(kw["csv_path"], table)
+    if kw["plot_path"]:
+        from distsim.plots import search_bars
+
+        ax = search_bars(
+            table, title=f"{model.name} on {gpus} GPUs of {cluster.name}, global batch {spec.global_batch}"
+        )
+        ax.figure.tight_layout()
+        write_figure(kw["plot_path"], ax.figure)
+    best = result.best(max(1, kw["top"] or len(result.points)))
+    written = []
+    if best and kw["plan_out"]:
+        written.append(_write_grid_plan(kw["plan_out"], result, best[0], 1, kw))
+    if kw["trace_dir"] and best:
+        written += _trace_best(result, best[: kw["top"] or len(best)], costs, kw)
+    if kw["as_json"]:
+        data = result.to_dict()
+        data["written"] = written
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(_grid_header(result, spec))
+    if kw["show_skipped"] and result.skipped:
+        click.echo("skipped:")
+        for k in result.skipped:
+            click.echo(f"  {k}")
+        click.echo("")
+    if not len(table):
+        click.echo("no valid configuration: --show-skipped says why each was skipped")
+        return
+    shown = table if not kw["top"] else table.head(kw["top"])
+    with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_columns", None):
+        click.echo(_format_table(shown).to_string(index=False))
+    if kw["top"] and len(table) > kw["top"]:
+        click.echo(f"... {len(table) - kw['top']} more (--top 0 shows all, --csv writes all)")
+    if best:
+        b = best[0]
+        click.echo(f"\nbest: {b.strategy} ({b.strategy.describe()}): {b.iteration_time_s * 1e3:.2f} ms per iteration, "
+                   f"{b.throughput(spec.global_batch):,.1f} samples/s")  # fmt: skip
+    else:
+        click.echo("\nno configuration fits in memory (--ignore-memory simulates them anyway)")
+    for path in written:
+        click.echo(f"wrote {path}")
+    if kw["plan_out"] and best:
+        click.echo(f"simulate the best plan: distsim simulate --plan {kw['plan_out']} --plot best.png")
+
+
+def _grid_header(result: Any, spec: Any) -> str:
+    c = result.cluster
+    n_valid, n_oom = len(result.points), result.num_out_of_memory
+    lines = [
+        f"{result.model.name} on {spec.gpus} GPUs of {c.name} ({c.describe()}), global batch {spec.global_batch}",
+        f"{n_valid} valid configurations ({len(result.skipped)} combinations skipped"
+        + ("" if not result.skipped else "; --show-skipped says why")
+        + f"), {n_oom} do not fit in {c.gpu.memory_bytes / GB:.0f} GB"
+        + (" (not simulated)" if spec.memory_filter else "")
+        + f", {result.num_simulated} simulated in {result.wall_time_s:.1f} s with {result.workers} worker"
+        + ("s" if result.workers > 1 else "")
+        + f"; costs: {result.cost_source}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _format_table(df: Any) -> Any:
+    out = df.drop(columns=["index"]).copy()
+    out["iteration_s"] = [("-" if x != x else f"{x:.4g}") for x in out["iteration_s"]]
+    out["samples_per_s"] = [f"{x:,.1f}" for x in out["samples_per_s"]]
+    if "tokens_per_s" in out:
+        out["tokens_per_s"] = [f"{x:,.0f}" for x in out["tokens_per_s"]]
+    out["bubble"] = [("-" if x != x else f"{100 * x:.1f}%") for x in out["bubble"]]
+    out["exposed_comm_s"] = [("-" if x != x else f"{x:.3g}") for x in out["exposed_comm_s"]]
+    out["peak_memory_gb"] = [f"{x:.1f}" for x in out["peak_memory_gb"]]
+    out["fits"] = ["yes" if x else "OOM" for x in out["fits"]]
+    return out.rename(columns={"micro_batches": "M", "peak_memory_gb": "peak_mem_GB", "exposed_comm_s": "exp_comm_s"})
+
+
+def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str, Any]) -> str:
+    from distsim.io import write_plan
+    from distsim.plan import plan_from_strategy
+
+    plan = plan_from_strategy(
+        point.strategy, kw["model_name"], kw["cluster_name"], nodes=result.cluster.nodes,
+        driver="distsim search grid", rank=rank, predicted_iteration_s=round(point.iteration_time_s, 9),
+        global_batch=result.spec.global_batch,
+    )  # fmt: skip
+    write_plan(path, plan)
+    return path
+
+
+def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) -> list[str]:
+    """Re-simulate the best configurations and write each one's trace, Gantt chart and plan."""
+    from distsim.io import write_chrome_trace, write_figure
+    from distsim.plots import gantt
+    from distsim.simulate import simulate
+
+    directory = Path(kw["trace_dir"])
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DistsimError(f"{directory}: cannot create ({exc.strerror})") from None
+    written = []
+    for rank, point in enumerate(best, start=1):
+        s = point.strategy
+        stem = directory / f"{rank:02d}-{s}-mbs{s.micro_batch_size}-{s.schedule}"
+        r = simulate(result.model, result.cluster, s, costs)
+        title = f"{result.model.name} {s.describe()} on {result.cluster.name}"
+        write_chrome_trace(f"{stem}.trace.json", r.timeline.chrome_trace_events(), title)
+        ax = gantt(r.timeline, title=f"#{rank} {title}: {r.iteration_time_s * 1e3:.1f} ms")
+        write_figure(f"{stem}.png", ax.figure)
+        written += [f"{stem}.trace.json", f"{stem}.png", _write_grid_plan(f"{stem}.plan.yaml", result, point, rank, kw)]
+    return written

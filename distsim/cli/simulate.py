@@ -1,0 +1,335 @@
+"""``distsim simulate``: one training iteration of a strategy or plan, summarised, with trace, CSV and Gantt chart."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.cli.common import (
+    GB,
+    fmt_time,
+    load_costs,
+    load_model_and_cluster,
+    parse_stragglers,
+    strategy_overrides,
+)
+from distsim.errors import DistsimError
+
+
+@cli.command()
+@click.option(
+    "--model",
+    "-m",
+    "model_name",
+    metavar="NAME|FILE",
+    help="Zoo model (see `distsim models`) or a YAML/JSON model file. [default with --plan: the plan's]",
+)
+@click.option(
+    "--cluster",
+    "-c",
+    "cluster_name",
+    metavar="NAME|FILE",
+    help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file. [default with --plan: the plan's]",
+)
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
+@click.option(
+    "--strategy",
+    "-s",
+    "strategy_text",
+    metavar="xMyPzD",
+    help="Degrees in DistSim notation (2M4P2D = tp 2, pp 4, dp 2) or 'tp=2 pp=4 dp=2'.",
+)
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A plan file (YAML/JSON) instead of --strategy: a strategy, or stages with their own layer ranges and "
+    "devices (what `distsim search` writes).",
+)
+@click.option(
+    "--micro-batches",
+    "micro_batches",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Micro-batches per iteration per replica (M). [default: 1]",
+)
+@click.option(
+    "--micro-batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Samples per micro-batch. [default: 1]",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["gpipe", "1f1b", "interleaved"]),
+    default=None,
+    help="Pipeline schedule. [default: 1f1b]",
+)
+@click.option(
+    "--virtual-stages",
+    type=click.IntRange(min=2),
+    help="Model chunks per rank for --schedule interleaved. [default: 2]",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["A", "B"], case_sensitive=False),
+    default=None,
+    help="DAPPLE 1F1B warm-up: A, K_i=min(S-i,D); B, K_i=min(2(S-i)-1,D). [default: A]",
+)
+@click.option("--max-in-flight", type=click.IntRange(min=1), help="DAPPLE's D: most micro-batches a stage holds.")
+@click.option(
+    "--grad-sync",
+    type=click.Choice(["bulk", "wfbp"]),
+    default=None,
+    help="Gradient all-reduce: bulk after backward (DistSim) or per layer overlapped (WFBP). [default: bulk]",
+)
+@click.option("--partition", metavar="N:N:...", help="Layers per (virtual) stage, e.g. 23:25. [default: balanced]")
+@click.option(
+    "--p2p",
+    "p2p_mode",
+    type=click.Choice(["nonblocking", "blocking"]),
+    default="nonblocking",
+    show_default=True,
+    help="blocking: a send occupies the sender's compute stream (DistSim Algorithm 1).",
+)
+@click.option(
+    "--link-sharing",
+    type=click.Choice(["structural", "serialize"]),
+    default="structural",
+    show_default=True,
+    help="structural: traffic kinds overlap, concurrent flows split NICs (optimistic); serialize: all traffic of a "
+    "scope on a GPU queues on one link, p2p holding both ends (pessimistic).",
+)
+@click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
+@click.option(
+    "--straggler",
+    multiple=True,
+    metavar="GPU=FACTOR",
+    help="Make a GPU's compute FACTOR x slower (repeatable).",
+)
+@click.option("--full", is_flag=True, help="Simulate every GPU even when replicas are symmetric.")
+@click.option("--samples", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Stochastic simulation: runs with durations drawn from the profile's repetitions (0: one run "
+              "with mean durations).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --samples.")
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Profile database (JSON) with measured event times. [default: analytic estimates]",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="With --profile: fail if an event was not profiled instead of estimating it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the summary.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write a Chrome/Perfetto trace (JSON).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write a Gantt chart (PNG/SVG/PDF).",
+)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the timeline as CSV.")
+@click.option(
+    "--all-gpus",
+    is_flag=True,
+    help="Write every GPU's rows to --trace/--csv (default: one row set per group of identical GPUs).",
+)
+@click.option("--show-schedule", is_flag=True, help="Also print the schedule as a step x rank grid.")
+def simulate(**kw: Any) -> None:
+    """Simulate one training iteration and summarise it.
+
+    \b
+    Example (GPT-2 345M on DistSim's 16-GPU testbed, 1F1B with 8 micro-batches):
+      distsim simulate --model gpt2-345m --cluster distsim-testbed --strategy 2M4P2D \\
+          --micro-batches 8 --schedule 1f1b --trace gpt2.json --plot gpt2.png
+    A plan written by `distsim search` (stages may differ in layers and replicas):
+      distsim simulate --plan dapple.plan.yaml --plot dapple.png
+    Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
+    """
+    from distsim.costs import ProfileCosts
+    from distsim.events import FlowOptions
+    from distsim.simulate import simulate as run_simulation
+    from distsim.strategy import Strategy
+
+    plan = None
+    if kw["plan_path"]:
+        plan = _load_plan_for(kw)
+    elif not kw["strategy_text"]:
+        raise click.UsageError("give --strategy (e.g. 2M4P2D) or --plan FILE")
+    if not kw["model_name"] or not kw["cluster_name"]:
+        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
+    model, cluster = load_model_and_cluster(kw)
+    if kw["straggler"]:
+        cluster = cluster.with_slowdown(parse_stragglers(kw["straggler"]))
+    overrides, given = strategy_overrides(kw)
+    if plan is not None and given:
+        raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
+    target = plan if plan is not None else Strategy.from_str(kw["strategy_text"], **overrides)
+    strategy = target.pipeline_strategy() if plan is not None else target
+    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
+    options = FlowOptions(
+        p2p_blocking=kw["p2p_mode"] == "blocking",
+        symmetric=False if kw["full"] else None,
+        rank_order=kw["rank_order"],
+        link_sharing=kw["link_sharing"],
+    )
+    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
+        click.echo(
+            f"note: {strategy.num_micro_batches} micro-batch(es) for {strategy.pp} pipeline stages leaves most "
+            "of the pipeline idle; pass --micro-batches",
+            err=True,
+        )
+    try:
+        result = run_simulation(model, cluster, target, costs, options, samples=kw["samples"], seed=kw["seed"])
+    except DistsimError as exc:
+        if plan is None:
+            raise
+        raise type(exc)(f"{kw['plan_path']}: {exc}") from None
+    _write_outputs(result, kw)
+    provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
+    if kw["as_json"]:
+        data = result.to_dict()
+        if provenance is not None:
+            data["profile"] = {"path": kw["profile_path"], "provenance": provenance}
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(_summary(result))
+    if provenance is not None:
+        what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
+        click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})")
+    if kw["show_schedule"]:
+        from distsim.schedules import format_grid
+
+        click.echo("\nschedule (unit time, F and B one step each):\n" + format_grid(result.flow.schedule))
+
+
+def _load_plan_for(kw: dict[str, Any]) -> Any:
+    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
+    import os
+
+    from distsim.io import load_plan
+
+    if kw["strategy_text"]:
+        raise click.UsageError("give --strategy or --plan, not both")
+    plan = load_plan(kw["plan_path"])
+    base = os.path.dirname(os.path.abspath(kw["plan_path"]))
+    for key, name in (("model_name", plan.model), ("cluster_name", plan.cluster)):
+        if not kw[key]:
+            beside = os.path.join(base, name)  # a file named relative to the plan
+            kw[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
+    if not kw["nodes"] and plan.nodes is not None:
+        kw["nodes"] = plan.nodes
+    return plan
+
+
+def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
+    from distsim.io import write_chrome_trace, write_csv, write_figure
+
+    if not (kw["trace_path"] or kw["csv_path"] or kw["plot_path"]):
+        return
+    if kw["all_gpus"] and result.events_total > 1_000_000 and (kw["trace_path"] or kw["csv_path"]):
+        click.echo(
+            f"writing {result.events_total:,} events for every GPU; this takes a while "
+            "(drop --all-gpus for one row set per group of identical GPUs)",
+            err=True,
+        )
+    timeline = result.full_timeline() if kw["all_gpus"] else result.timeline
+    title = f"{result.model.name} {result.label} on {result.cluster.name}"
+    if kw["trace_path"]:
+        write_chrome_trace(kw["trace_path"], timeline.chrome_trace_events(), title)
+    if kw["csv_path"]:
+        write_csv(kw["csv_path"], timeline.df)
+    if kw["plot_path"]:
+        from distsim.plots import gantt
+
+        ax = gantt(result.timeline, title=f"{title}: {fmt_time(result.iteration_time_s)} per iteration")
+        write_figure(kw["plot_path"], ax.figure)
+
+
+def _summary(r: Any) -> str:
+    s, m, c = r.strategy, r.model, r.cluster
+    if r.plan is not None:
+        p = r.plan
+        what = (f"plan {p.notation()} ({len(p.stages)} stages on {r.num_gpus} GPUs; {p.micro_batches} micro-batches "
+                f"of {p.micro_batch_size} samples split over each stage's replicas; {p.schedule})")  # fmt: skip
+    else:
+        what = f"strategy {s} ({s.describe()})"
+    lines = [
+        f"{m.name} on {c.name} ({c.describe()})",
+        f"{what}, global batch {r.global_batch_size}",
+        "",
+        f"  iteration time     {fmt_time(r.iteration_time_s)}",
+    ]
+    if r.sampled_iteration_s:
+        import numpy as np
+
+        p10, p90 = np.percentile(r.sampled_iteration_s, [10, 90])
+        lines[-1] += (f" (median of {len(r.sampled_iteration_s)} stochastic runs; p10 {fmt_time(p10)}, "
+                      f"p90 {fmt_time(p90)})")  # fmt: skip
+    tput = f"{r.throughput_samples_per_s:,.1f} samples/s"
+    if r.throughput_tokens_per_s is not None:
+        tput += f", {r.throughput_tokens_per_s:,.0f} tokens/s"
+    lines.append(f"  throughput         {tput}")
+    lines.append(f"  bubble fraction    {100 * r.bubble_fraction:.1f} % (mean idle share of the iteration)")
+    lines.append(f"  exposed comm       {fmt_time(r.exposed_comm_s)} per GPU (mean)")
+    worst = max(r.memory, key=lambda x: x.total_bytes)
+    verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
+    states = worst.params_bytes + worst.grads_bytes + worst.optimizer_bytes
+    lines.append(
+        f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
+        f"on rank {worst.rank} ({verdict}; states {states / GB:.2f} GB, "
+        f"activations {worst.activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
+    )
+    sim = len(r.flow.represents)
+    mode = "symmetric" if r.flow.symmetric else "full"
+    lines.append(
+        f"  events             {r.events_total:,} across {r.num_gpus} GPUs, {r.events_unique} unique "
+        f"({len(r.flow):,} tasks simulated on {sim} GPU{'s' if sim > 1 else ''}, {mode})"
+    )
+    counts = r.source_counts()
+    lines.append(
+        "  event costs        "
+        + ", ".join(f"{n} {src}" for src, n in sorted(counts.items()))
+        + ("" if r.cost_source == "profile" else " (no --profile: analytic estimates)")
+    )
+    if "analytic" in counts and r.cost_source == "profile":
+        missing = [k for k, c in zip(r.flow.keys, r.flow.key_costs, strict=True) if c.source == "analytic"]
+        lines.append(f"  note               {len(missing)} events were not in the profile and were estimated "
+                     "analytically (--strict refuses):")  # fmt: skip
+        lines += [f"                       {k}" for k in missing[:6]]
+        if len(missing) > 6:
+            lines.append(f"                       ... and {len(missing) - 6} more (--json lists all)")
+    lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
+    lines.append("")
+    lines.append("  per GPU                compute    exposed comm   idle")
+    stats = {g.gpu: g for g in r.per_gpu}
+    rows: list[tuple[list[int], int, str]] = []  # consecutive simulated GPUs with equal figures share a row
+    for rep, targets in sorted(r.timeline.represents.items()):
+        g = stats[rep]
+        figures = f"{fmt_time(g.compute_s):>10} {fmt_time(g.exposed_comm_s):>14} {fmt_time(g.idle_s):>10}"
+        if rows and rows[-1][2] == figures and rows[-1][0][-1] == rep - 1 and len(targets) == 1 == rows[-1][1]:
+            rows[-1][0].append(rep)
+        else:
+            rows.append(([rep], len(targets), figures))
+    for gpus, alike, figures in rows:
+        who = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {gpus[0]}-{gpus[-1]}"
+        if alike > 1:
+            who += f" (+{alike - 1} alike)"
+        lines.append(f"  {who:<22} {figures}")
+    lines.append(f"\nsimulated in {r.wall_time_s:.3f} s")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""``distsim validate``: a prediction against a measured trace (DistSim's batch-time, per-GPU and per-stage errors)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from distsim.cli.app import cli
+from distsim.errors import DistsimError
+
+
+def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any]:
+    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace."""
+    from distsim.costs import AnalyticCosts, ProfileCosts
+    from distsim.errors import ProfileError
+    from distsim.events import FlowOptions
+    from distsim.io import load_cluster, load_model, load_profile, load_trace
+    from distsim.simulate import simulate
+    from distsim.strategy import Strategy
+    from distsim.trace import TraceError
+    from distsim.validate import validate_timelines
+
+    trace = load_trace(path)
+    plan = trace.plan
+    if not profile_path and plan.get("profile"):  # by default the profile the run was planned with
+        import os
+
+        profile_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), plan["profile"]))
+    model = load_model(plan["model"])
+    cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
+    strategy = Strategy.from_str(plan["strategy"])
+    costs: Any = AnalyticCosts(cluster)
+    if profile_path:
+        db = load_profile(profile_path)
+        measured_on, profiled_on = trace.provenance.get("device"), db.provenance.get("device")
+        if measured_on and profiled_on and measured_on != profiled_on:
+            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}")
+        costs = ProfileCosts(db, costs, strict=True)
+    options = FlowOptions(p2p_blocking=bool(plan["p2p_blocking"]))
+    try:
+        result = simulate(model, cluster, strategy, costs, options, samples=samples)
+        mean_durations = simulate(model, cluster, strategy, costs, options) if samples else result
+    except ProfileError as exc:
+        raise TraceError(f"{profile_path} does not cover the plan of {path} (model {plan['model']}): {exc}") from None
+    measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
+    val = validate_timelines(result.timeline, measured, result.iteration_time_s)
+    val.deterministic_s = mean_durations.iteration_time_s
+    return trace, result, val
+
+
+@cli.command()
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A trace written by `distsim execute`.")  # fmt: skip
+@click.option(
+    "--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
+    help="Measured costs to predict with (strict: every event must be in it). "
+    "[default: the profile the trace was planned with, else analytic]",
+)  # fmt: skip
+@click.option("--suite", "suite_dir", is_flag=False, flag_value="traces", default=None, metavar="[DIR]",
+              help="Validate every trace in DIR (default traces/) and print the table.")  # fmt: skip
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write predicted and measured timelines side by side (one trace).")  # fmt: skip
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the suite table.")
+@click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Stochastic runs of the prediction (0: mean durations only).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | None, plot_path: str | None,
+             csv_path: str | None, samples: int, as_json: bool) -> None:  # fmt: skip
+    """Compare a prediction with a measured run: batch time, per-GPU activity and per-stage errors (DistSim Sec. 5).
+
+    \b
+    One trace:   distsim validate --trace traces/gpt2-cpu-2x1-1M2P1D-1f1b-M4.json --profile profiles/cpu-gloo.json
+    All traces:  distsim validate --suite traces --profile profiles/cpu-gloo.json
+    """
+    if (trace_path is None) == (suite_dir is None):
+        raise click.UsageError("give --trace FILE or --suite [DIR]")
+    if trace_path:
+        trace, result, val = _validate_one(trace_path, profile_path, samples)
+        if plot_path:
+            from distsim.io import write_figure
+            from distsim.plots import compare_gantt
+
+            median = trace.timeline(trace.median_index(), result.cluster.gpus_per_node)
+            title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
+            write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
+        if as_json:
+            click.echo(json.dumps({"trace": trace_path, **val.to_dict()}, indent=2))
+            return
+        click.echo(f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}")
+        click.echo(f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
+                   f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)")  # fmt: skip
+        click.echo(
+            f"  batch-time error      {100 * val.batch_error:.2f} %"
+            + (
+                f" (with mean durations instead of {samples} stochastic runs: "
+                f"{100 * abs(val.deterministic_s - val.measured_s) / val.measured_s:.2f} %)"
+                if samples
+                else ""
+            )
+        )
+        click.echo(
+            "  per-GPU activity      " + ", ".join(f"GPU {g} {100 * e:.2f} %" for g, e in val.per_gpu_error.items())
+        )
+        click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
+                   f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
+        return
+    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples)
+
+
+def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool,
+                    samples: int) -> None:  # fmt: skip
+    import glob
+    import os
+    import statistics
+
+    import pandas as pd
+
+    from distsim.strategy import Strategy
+
+    paths = sorted(p for p in glob.glob(os.path.join(directory, "*.json")) if not p.endswith(".chrome.json"))
+    if not paths:
+        raise DistsimError(f"no traces (*.json) in {directory}")
+    rows = []
+    for path in paths:
+        trace, result, val = _validate_one(path, profile_path, samples)
+        s: Strategy = result.strategy
+        emulation = trace.plan.get("emulation") or {}
+        layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
+        if emulation.get("link_bandwidth"):
+            layout += f" {emulation['link_bandwidth']}"
+        rows.append({
+            "model": trace.plan["model"], "strategy": str(s), "schedule": s.schedule if s.pp > 1 else "-",
+            "M": s.num_micro_batches, "sync": s.grad_sync if s.dp > 1 else "-", "nodes": layout,
+            "predicted_ms": round(val.predicted_s * 1e3, 1), "measured_ms": round(val.measured_s * 1e3, 1),
+            "batch_err_%": round(100 * val.signed_batch_error, 2),
+            "mean_dur_err_%": round(100 * (val.deterministic_s - val.measured_s) / val.measured_s, 2),
+            "gpu_err_%": round(100 * val.max_gpu_error, 2),
+            "stage_err_%": round(100 * val.stage_error_median, 2), "spread_%": round(100 * val.measured_spread, 1),
+        })  # fmt: skip
+    table = pd.DataFrame(rows)
+    if csv_path:
+        from distsim.io import write_csv
+
+        write_csv(csv_path, table)
+    batch = [abs(x) for x in table["batch_err_%"]]
+    summary = {
+        "traces": len(table), "batch_error_median_%": round(statistics.median(batch), 2),
+        "batch_error_max_%": round(max(batch), 2),
+        "gpu_error_median_%": round(statistics.median(table["gpu_err_%"]), 2),
+        "gpu_error_max_%": round(max(table["gpu_err_%"]), 2),
+    }  # fmt: skip
+    if as_json:
+        click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        return
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        click.echo(table.to_string(index=False))
+    click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()))
