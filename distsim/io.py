@@ -1,15 +1,14 @@
 """The file edge: reading model, cluster and profile files; writing outputs atomically.
 
 Every reader turns a missing or malformed file into a one-line DistsimError naming the file and the problem.
-Writers write to a temporary file in the target directory and rename it into place, so a crash never leaves a
-half-written file that looks complete.
+Writers go through :func:`distsim.output.open_output`: a regular file is replaced atomically (never half-written),
+a device or FIFO is streamed to, a symbolic link is followed, ``-`` is standard output.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 from distsim.cluster import GPU, Cluster, Link, get_cluster
 from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
 from distsim.models import Model, get_model, model_from_dict
+from distsim.output import STDOUT, open_output
 from distsim.profile_db import ProfileDB
 
 
@@ -126,12 +126,6 @@ def load_profile(path: str | Path) -> ProfileDB:
     return ProfileDB.from_dict(read_structured(p, ProfileError), where=str(p))
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def load_plan(path: str | Path) -> Any:
     """A plan file (YAML or JSON): see :mod:`distsim.plan`."""
     from distsim.plan import PlanError, plan_from_dict
@@ -156,28 +150,15 @@ def load_trace(path: str | Path) -> Any:
     return Trace.from_dict(read_structured(path, TraceError), where=str(path))
 
 
-def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:
-    p = Path(path)
-    directory = p.parent if str(p.parent) else Path(".")
-    if not directory.is_dir():
-        raise DistsimError(f"{p}: directory {directory} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise DistsimError(f"{p}: cannot write ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
-            write(fh)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual permissions
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+def _write(path: str | Path, write: Callable[[Any], None], binary: bool = False) -> Path:
+    """Write an output with `write(file)`; see :mod:`distsim.output` for what each kind of path gets."""
+    with open_output(path, binary=binary) as fh:
+        write(fh)
+    return Path(path)
 
 
 def write_json(path: str | Path, obj: Any, indent: int | None = None) -> Path:
-    return _atomic_write(path, lambda fh: json.dump(obj, fh, indent=indent, separators=None if indent else (",", ":")))
+    return _write(path, lambda fh: json.dump(obj, fh, indent=indent, separators=None if indent else (",", ":")))
 
 
 def write_chrome_trace(path: str | Path, events: Iterable[dict[str, Any]], title: str) -> Path:
@@ -193,17 +174,17 @@ def write_chrome_trace(path: str | Path, events: Iterable[dict[str, Any]], title
             fh.write(json.dumps(event, separators=(",", ":")))
         fh.write("\n]}\n")
 
-    return _atomic_write(path, write)
+    return _write(path, write)
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    return _atomic_write(path, lambda fh: fh.write(text))
+    return _write(path, lambda fh: fh.write(text))
 
 
 def write_csv(path: str | Path, df: Any) -> Path:
-    return _atomic_write(path, lambda fh: df.to_csv(fh, index=False))
+    return _write(path, lambda fh: df.to_csv(fh, index=False))
 
 
 def write_figure(path: str | Path, fig: Any, dpi: int = 120) -> Path:
-    suffix = Path(path).suffix.lstrip(".") or "png"
-    return _atomic_write(path, lambda fh: fig.savefig(fh, format=suffix, dpi=dpi, bbox_inches="tight"), mode="wb")
+    suffix = Path(path).suffix.lstrip(".").lower() if str(path) != STDOUT else ""
+    return _write(path, lambda fh: fig.savefig(fh, format=suffix or "png", dpi=dpi, bbox_inches="tight"), binary=True)

@@ -244,3 +244,15 @@ def test_profile_file_is_used_and_strict_refuses_gaps(tmp_path: Path, capsys: py
     assert code == 0 and f"profile: {path} (device test)" in out and "were not in the profile" in out
     code, _, err = run([*SIM, "--profile", str(path), "--strict"], capsys)
     assert code == 2 and "profile has no measurement for compute event" in err and "--strict" in err
+
+
+def test_execute_refuses_a_plan_the_simulator_says_does_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small = tmp_path / "small.yaml"
+    small.write_text("base: cpu-1x2\ngpu: {memory_bytes: 1.0e6}\n")
+    args = ["execute", "--model", "gpt2-cpu", "--cluster", str(small), "--strategy", "1M2P1D", "--micro-batches", "2",
+            "--out", str(tmp_path / "t.json")]  # fmt: skip
+    code, _, err = run(args, capsys)
+    assert code == 2 and "1M2P1D does not fit in memory: pipeline rank 0 needs" in err and "--force" in err
+    assert list(tmp_path.iterdir()) == [small]

@@ -97,7 +97,7 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         (["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--out", str(bad)], "malformed JSON"),
         (
             ["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--out", "/nonexistent/dir/p.json"],
-            "cannot write there",
+            "directory /nonexistent/dir does not exist",
         ),
         (["--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P4D"], "uses tp*pp*dp = 1*1*4 = 4 GPUs"),
         (["--model", TINY, "--cluster", "cpu-1x2"], "give the strategies to profile"),

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     except DistsimError as exc:
         click.echo(f"distsim: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except BrokenPipeError:
+    except BrokenPipeError:  # as click does for a reader that went away: quietly, status 1
         _silence_stdout()
-        sys.exit(0)
+        sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)

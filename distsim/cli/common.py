@@ -128,6 +128,25 @@ def load_costs(cluster: Any, profile_path: str | None, strict: bool = False) -> 
     return costs
 
 
+def check_outputs(kw: dict[str, Any], files: dict[str, str], figures: dict[str, str] | None = None) -> str | None:
+    """Check the output options (kw key -> option name) before any work is done; figures also by format.
+
+    Returns the option that writes to standard output ('-'), if one does: the command's own report then goes to
+    stderr. Two outputs on stdout, or one with --json, are refused."""
+    from distsim.output import STDOUT, check_output
+
+    on_stdout = []
+    for key, option in (*files.items(), *(figures or {}).items()):
+        check_output(kw.get(key), option, figure=key in (figures or {}))
+        if kw.get(key) == STDOUT:
+            on_stdout.append(option)
+    if kw.get("as_json"):
+        on_stdout.append("--json")
+    if len(on_stdout) > 1:
+        raise click.UsageError(f"{' and '.join(on_stdout)} would both write to standard output")
+    return on_stdout[0] if on_stdout and on_stdout[0] != "--json" else None
+
+
 def need_torch(command: str) -> Any:
     try:
         import torch

@@ -17,6 +17,7 @@ from distsim.cli.common import (
     strategy_overrides,
 )
 from distsim.errors import DistsimError
+from distsim.output import check_output
 
 
 @cli.command()
@@ -49,6 +50,7 @@ from distsim.errors import DistsimError
 @click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds before a hung run is stopped.")  # fmt: skip
 @click.option("--check", type=click.Path(dir_okay=False), hidden=True, help="Write iteration 0's loss and gradients.")
+@click.option("--force", is_flag=True, help="Run even when the simulator says the plan does not fit in memory.")
 def execute(**kw: Any) -> None:
     """Run a plan for real with torch.distributed and record its per-GPU timeline.
 
@@ -64,18 +66,17 @@ def execute(**kw: Any) -> None:
     from distsim.launch import Emulation
     from distsim.strategy import Strategy, check_strategy
 
+    out = kw["out"]
+    check_output(out, "--out", stream_ok=False)
     model, cluster = load_model_and_cluster(kw)
     overrides, _ = strategy_overrides(kw)
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
     check_strategy(strategy, model, cluster)
+    costs = load_costs(cluster, kw["profile_path"])
+    ranges = resolve_partition(model, strategy, costs)
     if strategy.partition is None:
-        costs = load_costs(cluster, kw["profile_path"])
-        counts = tuple(e - s for s, e in resolve_partition(model, strategy, costs))
-        strategy = strategy.with_(partition=counts)
-    out = kw["out"]
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
+        strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
+    _refuse_out_of_memory(model, cluster, strategy, ranges, kw["force"])
     need_torch("execute")
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
@@ -107,3 +108,19 @@ def execute(**kw: Any) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, force: bool) -> None:
+    """The memory model's verdict before anything runs: a plan that does not fit is refused unless --force."""
+    from distsim.memory import estimate_memory
+    from distsim.schedules import build_schedule
+
+    memory = estimate_memory(model, strategy, build_schedule(strategy), ranges, cluster.gpu.memory_bytes)
+    worst = max(memory, key=lambda m: m.total_bytes)
+    if worst.fits or force:
+        return
+    raise DistsimError(
+        f"{strategy} does not fit in memory: pipeline rank {worst.rank} needs {worst.total_bytes / 1e9:.2f} GB of the "
+        f"{cluster.gpu.memory_bytes / 1e9:.0f} GB of a {cluster.gpu.name} of {cluster.name} (distsim simulate shows "
+        "the breakdown); --force runs it anyway"
+    )

@@ -18,6 +18,7 @@ from distsim.cli.common import (
     portable,
 )
 from distsim.errors import DistsimError
+from distsim.output import check_output
 
 
 @cli.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,6 +88,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
 
     if not kw["model_name"] or not kw["cluster_name"]:
         raise click.UsageError("distsim profile needs --model and --cluster (or use `distsim profile show FILE`)")
+    if not kw["dry_run"]:
+        check_output(kw["out"], "--out", stream_ok=False)
     model, cluster = load_model_and_cluster(kw)
     overrides = {
         k: v
@@ -113,9 +116,6 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     if kw["dry_run"]:
         return
     out = kw["out"]
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
     existing = load_profile(out) if os.path.exists(out) and not kw["overwrite"] else None
     if existing is not None:
         click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "

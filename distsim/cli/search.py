@@ -5,6 +5,7 @@ Each driver's command lives in its own module (``search_grid``, ``search_dapple`
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,19 @@ def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
     return None if text is None else parse_int_list(text, option)
 
 
-def check_writable(*paths: str | None) -> None:
-    """Fail before a long search, not after it, when an output cannot be written."""
-    for p in paths:
-        if p:
-            directory = Path(p).parent if str(Path(p).parent) else Path(".")
-            if not directory.is_dir():
-                raise DistsimError(f"{p}: directory {directory} does not exist")
+def check_directory(path: str | None, option: str) -> None:
+    """Fail before a long search, not after it, when an output directory cannot be created or written."""
+    from distsim.output import check_output
+
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise DistsimError(f"{option} {p}: exists and is not a directory")
+    if not p.exists():
+        check_output(p, option, stream_ok=False)  # its parent must exist and be writable
+    elif not os.access(p, os.W_OK | os.X_OK):
+        raise DistsimError(f"{option} {p}: directory is not writable")
 
 
 def model_and_gpus(kw: dict[str, Any]) -> tuple[Any, Any, int]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import GB, Progress, load_costs
-from distsim.cli.search import check_writable, model_and_gpus, opt_int_list, search, shared_options
+from distsim.cli.common import GB, Progress, check_outputs, load_costs
+from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
 
 
@@ -70,7 +70,7 @@ def dapple(**kw: Any) -> None:
     from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
     from distsim.simulate import simulate
 
-    check_writable(kw["plan_out"], kw["trace_path"], kw["plot_path"])
+    stdout_taken = check_outputs(kw, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
     model, cluster, gpus = model_and_gpus(kw)
     spec = DappleSpec(
         gpus=gpus,
@@ -134,11 +134,10 @@ def dapple(**kw: Any) -> None:
         data["written"] = written
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(_dapple_report(result, checked, chosen, kw["choose"]))
-    for path in written:
-        click.echo(f"wrote {path}")
-    if kw["plan_out"] and chosen is not None:
-        click.echo(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot dapple.png")
+    lines = [_dapple_report(result, checked, chosen, kw["choose"]), *(f"wrote {path}" for path in written)]
+    if kw["plan_out"] and chosen is not None and kw["plan_out"] != "-":
+        lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot dapple.png")
+    click.echo("\n".join(lines), err=bool(stdout_taken))
 
 
 def _dapple_report(result: Any, checked: list[Any], chosen: Any, choose: str) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import GB, Progress, load_costs, parse_schedules
-from distsim.cli.search import check_writable, model_and_gpus, opt_int_list, search, shared_options
+from distsim.cli.common import GB, Progress, check_outputs, load_costs, parse_schedules
+from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
 
 
@@ -55,13 +55,12 @@ def grid(**kw: Any) -> None:
       distsim search grid --model gpt3-175b --cluster dgx-a100 --global-batch 1536 --tp 1,2,4,8 \\
           --micro-batch-sizes 1,2,4,8 --schedules gpipe,1f1b,interleaved
     """
-    import pandas as pd
-
     from distsim.io import write_csv, write_figure
     from distsim.search.grid import GridSpec, grid_search
     from distsim.search.space import cluster_for
 
-    check_writable(kw["csv_path"], kw["plot_path"], kw["plan_out"])
+    stdout_taken = check_outputs(kw, {"csv_path": "--csv", "plan_out": "--plan-out"}, {"plot_path": "--plot"})
+    check_directory(kw["trace_dir"], "--trace-best")
     model, cluster, gpus = model_and_gpus(kw)
     cluster = cluster_for(cluster, gpus)
     spec = GridSpec(
@@ -107,30 +106,34 @@ def grid(**kw: Any) -> None:
         data["written"] = written
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(_grid_header(result, spec))
+    click.echo(_grid_report(result, table, best, written, kw), err=bool(stdout_taken))
+
+
+def _grid_report(result: Any, table: Any, best: list[Any], written: list[str], kw: dict[str, Any]) -> str:
+    import pandas as pd
+
+    spec = result.spec
+    lines = [_grid_header(result, spec)]
     if kw["show_skipped"] and result.skipped:
-        click.echo("skipped:")
-        for k in result.skipped:
-            click.echo(f"  {k}")
-        click.echo("")
+        lines += ["skipped:", *(f"  {k}" for k in result.skipped), ""]
     if not len(table):
-        click.echo("no valid configuration: --show-skipped says why each was skipped")
-        return
+        lines.append("no valid configuration: --show-skipped says why each was skipped")
+        return "\n".join(lines)
     shown = table if not kw["top"] else table.head(kw["top"])
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_columns", None):
-        click.echo(_format_table(shown).to_string(index=False))
+        lines.append(_format_table(shown).to_string(index=False))
     if kw["top"] and len(table) > kw["top"]:
-        click.echo(f"... {len(table) - kw['top']} more (--top 0 shows all, --csv writes all)")
+        lines.append(f"... {len(table) - kw['top']} more (--top 0 shows all, --csv writes all)")
     if best:
         b = best[0]
-        click.echo(f"\nbest: {b.strategy} ({b.strategy.describe()}): {b.iteration_time_s * 1e3:.2f} ms per iteration, "
-                   f"{b.throughput(spec.global_batch):,.1f} samples/s")  # fmt: skip
+        lines.append(f"\nbest: {b.strategy} ({b.strategy.describe()}): {b.iteration_time_s * 1e3:.2f} ms per "
+                     f"iteration, {b.throughput(spec.global_batch):,.1f} samples/s")  # fmt: skip
     else:
-        click.echo("\nno configuration fits in memory (--ignore-memory simulates them anyway)")
-    for path in written:
-        click.echo(f"wrote {path}")
-    if kw["plan_out"] and best:
-        click.echo(f"simulate the best plan: distsim simulate --plan {kw['plan_out']} --plot best.png")
+        lines.append("\nno configuration fits in memory (--ignore-memory simulates them anyway)")
+    lines += [f"wrote {path}" for path in written]
+    if kw["plan_out"] and best and kw["plan_out"] != "-":
+        lines.append(f"simulate the best plan: distsim simulate --plan {kw['plan_out']} --plot best.png")
+    return "\n".join(lines)
 
 
 def _grid_header(result: Any, spec: Any) -> str:

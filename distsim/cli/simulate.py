@@ -10,6 +10,7 @@ import click
 from distsim.cli.app import cli
 from distsim.cli.common import (
     GB,
+    check_outputs,
     fmt_time,
     load_costs,
     load_model_and_cluster,
@@ -166,6 +167,7 @@ def simulate(**kw: Any) -> None:
     from distsim.simulate import simulate as run_simulation
     from distsim.strategy import Strategy
 
+    stdout_taken = check_outputs(kw, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
     plan = None
     if kw["plan_path"]:
         plan = _load_plan_for(kw)
@@ -208,14 +210,16 @@ def simulate(**kw: Any) -> None:
             data["profile"] = {"path": kw["profile_path"], "provenance": provenance}
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(_summary(result))
+    report = bool(stdout_taken)  # an output on stdout: the summary goes to stderr
+    click.echo(_summary(result), err=report)
     if provenance is not None:
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
-        click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})")
+        click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})", err=report)
     if kw["show_schedule"]:
         from distsim.schedules import format_grid
 
-        click.echo("\nschedule (unit time, F and B one step each):\n" + format_grid(result.flow.schedule))
+        grid = format_grid(result.flow.schedule)
+        click.echo("\nschedule (unit time, F and B one step each):\n" + grid, err=report)
 
 
 def _load_plan_for(kw: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
+from distsim.cli.common import check_outputs
 from distsim.errors import DistsimError
 
 
@@ -76,6 +77,12 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     """
     if (trace_path is None) == (suite_dir is None):
         raise click.UsageError("give --trace FILE or --suite [DIR]")
+    kw = {"plot_path": plot_path, "csv_path": csv_path, "as_json": as_json}
+    report = bool(check_outputs(kw, {"csv_path": "--csv"}, {"plot_path": "--plot"}))  # True: stdout taken
+    if plot_path and not trace_path:
+        raise click.UsageError("--plot draws one trace: give --trace FILE")
+    if csv_path and not suite_dir:
+        raise click.UsageError("--csv writes the suite table: give --suite [DIR]")
     if trace_path:
         trace, result, val = _validate_one(trace_path, profile_path, samples)
         if plot_path:
@@ -88,29 +95,28 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         if as_json:
             click.echo(json.dumps({"trace": trace_path, **val.to_dict()}, indent=2))
             return
-        click.echo(f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}")
-        click.echo(f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
-                   f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)")  # fmt: skip
-        click.echo(
+        lines = [
+            f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}",
+            f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
+            f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)",
             f"  batch-time error      {100 * val.batch_error:.2f} %"
             + (
                 f" (with mean durations instead of {samples} stochastic runs: "
                 f"{100 * abs(val.deterministic_s - val.measured_s) / val.measured_s:.2f} %)"
                 if samples
                 else ""
-            )
-        )
-        click.echo(
-            "  per-GPU activity      " + ", ".join(f"GPU {g} {100 * e:.2f} %" for g, e in val.per_gpu_error.items())
-        )
-        click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
-                   f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
+            ),
+            "  per-GPU activity      " + ", ".join(f"GPU {g} {100 * e:.2f} %" for g, e in val.per_gpu_error.items()),
+            f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
+            f"{len(val.per_stage)} (stage, F/B, micro-batch) actions",
+        ]
+        click.echo("\n".join(lines), err=report)
         return
-    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples)
+    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples, report)
 
 
 def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool,
-                    samples: int) -> None:  # fmt: skip
+                    samples: int, report: bool = False) -> None:  # fmt: skip
     import glob
     import os
     import statistics
@@ -155,5 +161,5 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
         return
     with pd.option_context("display.max_rows", None, "display.width", 200):
-        click.echo(table.to_string(index=False))
-    click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()))
+        click.echo(table.to_string(index=False), err=report)
+    click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()), err=report)
