@@ -15,19 +15,9 @@ from distsim.cluster import Cluster, Link
 from distsim.errors import DistsimError
 from distsim.models import Model, model_from_dict
 from distsim.plan import Plan, StagePlan
-from distsim.search.dapple import (
-    DappleSpec,
-    StageCosts,
-    _latency_terms,
-    beam_width,
-    check_with_simulator,
-    evaluate,
-    in_flight,
-    pipeline_latency,
-    place,
-    plan_dapple,
-    plan_micro_batches,
-)
+from distsim.search.dapple import check_with_simulator, plan_dapple, plan_micro_batches
+from distsim.search.dapple_dp import _latency_terms, beam_width
+from distsim.search.dapple_model import DappleSpec, StageCosts, evaluate, in_flight, pipeline_latency, place
 from tests.util import HAND_GPU, hand_cluster
 from tests.util import run_cli as run
 

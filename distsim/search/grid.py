@@ -11,11 +11,9 @@ one does.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +26,7 @@ from distsim.events import FlowOptions, resolve_partition
 from distsim.memory import estimate_memory
 from distsim.models.graph import Model
 from distsim.schedules import build_schedule
+from distsim.search.pool import imap_unordered
 from distsim.search.space import Skipped, cluster_for, enumerate_strategies
 from distsim.simulate import simulate
 from distsim.strategy import Strategy
@@ -210,17 +209,10 @@ def evaluate(
                      time.perf_counter() - t0)  # fmt: skip
 
 
-# Worker processes receive the shared inputs once, at start-up (inherited when forked), instead of with every task.
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(model: Model, cluster: Cluster, costs: CostSource, options: FlowOptions, memory_filter: bool) -> None:
-    _WORKER.update(model=model, cluster=cluster, costs=costs, options=options, memory_filter=memory_filter)
-
-
-def _evaluate_in_worker(index: int, strategy: Strategy) -> GridPoint:
-    w = _WORKER
-    return evaluate(w["model"], w["cluster"], strategy, w["costs"], w["options"], index, w["memory_filter"])
+def _evaluate_one(shared: tuple[Model, Cluster, CostSource, FlowOptions, bool], job: tuple[int, Strategy]) -> GridPoint:
+    model, cluster, costs, options, memory_filter = shared
+    index, strategy = job
+    return evaluate(model, cluster, strategy, costs, options, index, memory_filter)
 
 
 def _work_estimate(s: Strategy) -> float:
@@ -262,23 +254,14 @@ def grid_search(
     total = len(strategies)
     points: list[GridPoint | None] = [None] * total
     workers = max(1, min(workers, total))
-    if workers == 1:
-        for i, s in enumerate(strategies):
-            points[i] = evaluate(model, cluster, s, costs, options, i, spec.memory_filter)
-            if progress:
-                progress(i + 1, total, points[i])  # type: ignore[arg-type]
-    else:
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-        order = sorted(range(total), key=lambda i: (-_work_estimate(strategies[i]), i))
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(model, cluster, costs, options, spec.memory_filter)) as pool:  # fmt: skip
-            futures = [pool.submit(_evaluate_in_worker, i, strategies[i]) for i in order]
-            for done, fut in enumerate(as_completed(futures), start=1):
-                point = fut.result()
-                points[point.index] = point
-                if progress:
-                    progress(done, total, point)
+    # in parallel, the longest evaluations first (the serial order is the enumeration's: results are the same)
+    order = range(total) if workers == 1 else sorted(range(total), key=lambda i: (-_work_estimate(strategies[i]), i))
+    shared = (model, cluster, costs, options, spec.memory_filter)
+    jobs = [(i, strategies[i]) for i in order]
+    for done, point in enumerate(imap_unordered(_evaluate_one, shared, jobs, workers), start=1):
+        points[point.index] = point
+        if progress:
+            progress(done, total, point)
     assert all(p is not None for p in points)
     return GridResult(model, cluster, spec, points, skipped, time.perf_counter() - t0, workers,  # type: ignore[arg-type]
                       costs.name)  # fmt: skip
