@@ -4,10 +4,15 @@
 pipeline p2p, data-parallel) in the lower half. When a timeline has more GPUs than ``max_rows`` it summarises: one row
 per group of GPUs doing identical work (a pipeline rank of a symmetric simulation, or GPUs with the same stages),
 labelled with how many GPUs the row stands for.
+
+The figures made here are ``NotebookFigure``: a matplotlib ``Figure`` that Jupyter shows as a PNG when it ends a
+cell (``gantt(timeline).figure``) or is passed to ``IPython.display.display``, with or without ``%matplotlib inline``
+and without pyplot. Elsewhere ``fig.savefig(path)`` writes it.
 """
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 
 import pandas as pd
@@ -36,6 +41,16 @@ KIND_LABELS = {
 COMPUTE_ROW = {"forward", "backward", "optimizer"}
 
 
+class NotebookFigure(Figure):
+    """A ``Figure`` that IPython/Jupyter displays as a PNG. matplotlib only registers its figure display hook with
+    pyplot (matplotlib-inline's backend), so a pyplot-free ``Figure`` would show as ``<Figure size ... >`` text."""
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", bbox_inches="tight")  # tight, as Jupyter's inline backend: keeps the legend
+        return buf.getvalue()
+
+
 def _rows(timeline: Timeline, max_rows: int) -> list[tuple[int, str]]:
     """(gpu whose events are drawn, row label) per row."""
     reps = timeline.represents
@@ -60,7 +75,7 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
     """Per-GPU timeline chart (time in ms)."""
     rows = _rows(timeline, max_rows)
     if ax is None:
-        fig = Figure(figsize=(12, 1.2 + 0.45 * len(rows)))
+        fig = NotebookFigure(figsize=(12, 1.2 + 0.45 * len(rows)))
         ax = fig.add_subplot()
     df = timeline.expand().df if len(timeline.gpus) <= max_rows else timeline.df
     t0 = float(df["start_s"].min()) if not df.empty else 0.0
@@ -95,10 +110,10 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
     return ax
 
 
-def compare_gantt(predicted: Timeline, measured: Timeline, title: str = "") -> Figure:
+def compare_gantt(predicted: Timeline, measured: Timeline, title: str = "") -> NotebookFigure:
     """Predicted (top) and measured (bottom) per-GPU timelines on one time axis."""
     rows = max(len(predicted.gpus), len(measured.gpus))
-    fig = Figure(figsize=(12, 2.2 + 0.9 * rows))
+    fig = NotebookFigure(figsize=(12, 2.2 + 0.9 * rows))
     top, bottom = fig.subplots(2, 1, sharex=True)
     gantt(predicted, ax=top, title=f"predicted: {predicted.iteration_time_s * 1e3:.1f} ms")
     gantt(measured, ax=bottom, title=f"measured: {measured.iteration_time_s * 1e3:.1f} ms")
@@ -131,7 +146,7 @@ def search_bars(
     ]
     values = df[metric].fillna(0.0).to_numpy()
     if ax is None:
-        fig = Figure(figsize=(max(6.0, 0.45 * len(df) + 2), 4.2))
+        fig = NotebookFigure(figsize=(max(6.0, 0.45 * len(df) + 2), 4.2))
         ax = fig.add_subplot()
     best = int(df["rank"].to_numpy().argmin()) if len(df) else -1
     colors = ["#E45756" if i == best else "#4C78A8" for i in range(len(df))]
