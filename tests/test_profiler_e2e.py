@@ -14,11 +14,13 @@ pytest.importorskip("torch")
 
 from distsim.launch import netns_problem
 
+pytestmark = pytest.mark.slow  # real multi-process runs
+
 TINY = "gpt2-345m:seq=32,layers=2,hidden=64,heads=4,vocab=256,precision=fp32"
 FAST = ["--repeats", "2", "--warmup", "1", "--comm-repeats", "2", "--max-comm-bytes", "64KiB"]
 
 
-def distsim(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def distsim(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "distsim", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})  # fmt: skip
 
@@ -60,28 +62,39 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
 
 
 @pytest.mark.skipif(netns_problem() is not None, reason=f"network namespaces unavailable: {netns_problem()}")
-def test_shaped_link_makes_inter_node_collectives_slower(tmp_path: Path) -> None:
+def test_a_shaped_two_node_run_measures_both_scopes_and_removes_its_namespaces(tmp_path: Path) -> None:
+    """The whole emulated-nodes path. How fast the shaped link is, is checked in test_launch.py by a bound that load
+    cannot break; here: the run measures intra- and inter-node groups, records the link, and cleans up its own
+    namespaces (named after its pid; other launches on the machine may hold theirs)."""
     out = tmp_path / "shaped.json"
-    run = distsim("profile", "--model", TINY, "--cluster", "cpu-2x1", "--nodes", "2", "--strategy", "1M1P2D",
-                  "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "50mbit", "--no-compute",
-                  "--out", str(out), *FAST, env={"DISTSIM_TEST": "1"})  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert "4 ranks on 2 cores" in run.stderr or (os.cpu_count() or 1) >= 4  # warned: the ranks share cores
+    args = ["profile", "--model", TINY, "--cluster", "cpu-2x1", "--nodes", "2", "--strategy", "1M1P2D",
+            "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "50mbit", "--no-compute",
+            "--out", str(out), *FAST]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "distsim", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "DISTSIM_TEST": "1"})  # fmt: skip
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert "4 ranks on 2 cores" in err or (os.cpu_count() or 1) >= 4  # warned: the ranks share cores
     db = json.loads(out.read_text())
-    times = {(m["collective"], m["scope"], m["group_size"], m["bytes"]): m["median_s"] for m in db["comm"]}
-    size = 65536
-    assert times[("all_reduce", "inter", 2, size)] > 2 * times[("all_reduce", "intra", 2, size)]
-    assert times[("p2p", "inter", 2, size)] > 2 * times[("p2p", "intra", 2, size)]
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("distsim-") == 0
+    assert db["provenance"]["emulation"]["link_bandwidth"] == "50mbit" and db["provenance"]["nodes"] == 2
+    measured = {(m["collective"], m["scope"], m["group_size"]) for m in db["comm"] if m["median_s"] > 0}
+    assert {(c, scope, 2) for c in ("all_reduce", "p2p") for scope in ("intra", "inter")} <= measured
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"distsim-{proc.pid}-" not in listed
 
 
 @pytest.mark.parametrize(
-    ("mode", "expect"), [("die", "rank 1 exited with status 17"), ("hang", "did not finish within")]
+    ("mode", "timeout", "expect"),
+    # a rank that dies is reported whenever it dies (the timeout is far away); a hang always runs into the timeout,
+    # whether the rank reached its hang point or was still starting: both outcomes do not depend on load
+    [("die", "600", "rank 1 exited with status 17"), ("hang", "6", "did not finish within 6 s")],
 )
-def test_a_failing_rank_ends_the_run_with_one_error_and_no_profile(tmp_path: Path, mode: str, expect: str) -> None:
+def test_a_failing_rank_ends_the_run_with_one_error_and_no_profile(
+    tmp_path: Path, mode: str, timeout: str, expect: str
+) -> None:
     out = tmp_path / "never.json"
     run = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--emulate-nodes", "1",
-                  "--procs-per-node", "2", "--out", str(out), "--timeout", "25", *FAST,
+                  "--procs-per-node", "2", "--out", str(out), "--timeout", timeout, *FAST,
                   env={"DISTSIM_FAULT": f"rank=1,at=compute,mode={mode}"})  # fmt: skip
     assert run.returncode == 1
     last = run.stderr.strip().splitlines()[-1]

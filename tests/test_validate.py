@@ -90,6 +90,7 @@ def test_mismatched_trace_and_profile_are_refused(tmp_path: Path, capsys: pytest
     assert code == 2 and "the plan must give" in err
 
 
+@pytest.mark.slow
 def test_shipped_traces_validate(capsys: pytest.CaptureFixture[str]) -> None:
     traces = [p for p in Path("traces").glob("*.json") if not p.name.endswith(".chrome.json")]
     if not traces:
