@@ -172,7 +172,7 @@ def test_torch_dtype() -> None:
 class _Rendezvous:
     def __init__(self, ranks: int) -> None:
         self.slots: list[Tensor | None] = [None] * ranks
-        self.barrier = threading.Barrier(ranks, timeout=30)
+        self.barrier = threading.Barrier(ranks, timeout=300)
 
 
 class ThreadComm(TPComm):

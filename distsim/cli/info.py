@@ -14,30 +14,36 @@ from distsim.cli.common import fmt_count
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def models(as_json: bool) -> None:
-    """List the built-in workloads with their size and source."""
-    from distsim.models import ZOO
+    """List the built-in workloads: size, graph layers (what --partition counts), source, and the named specs.
+
+    \b
+    A spec resizes a zoo model: gpt2-345m:seq=128,layers=4,precision=fp32 (keys: layers, hidden, heads, seq, ffn,
+    vocab, precision; T5 also dec_seq; CNNs image, classes). Your own model: a YAML/JSON file (see README).
+    """
+    from distsim.models import ALIASES, ZOO, get_model
 
     rows = []
     for name, entry in ZOO.items():
         m = entry.build()
-        rows.append(
-            {
-                "name": name,
-                "family": entry.family,
-                "layers": m.num_layers,
-                "params": m.params,
-                "description": m.description,
-                "source": m.source,
-            }
-        )
+        rows.append({"name": name, "family": entry.family, "layers": m.num_layers, "params": m.params,
+                     "description": m.description, "source": m.source, "spec": None})  # fmt: skip
+    for name, spec in ALIASES.items():
+        m = get_model(name)
+        rows.append({"name": name, "family": "CPU-sized spec", "layers": m.num_layers, "params": m.params,
+                     "description": m.description, "source": m.source, "spec": spec})  # fmt: skip
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'name':<14} {'family':<30} {'layers':>6} {'params':>9}  description")
+    click.echo(f"{'name':<14} {'family':<30} {'graph layers':>12} {'params':>9}  description")
     for r in rows:
         params = fmt_count(r["params"])
-        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>6} {params:>9}  {r['description']}")
-    click.echo("\nSources: `distsim models --json`. Your own model: a YAML/JSON file (see README).")
+        what = r["description"] if r["spec"] is None else f"= {r['spec']}"
+        click.echo(f"{r['name']:<14} {r['family']:<30} {r['layers']:>12} {params:>9}  {what}")
+    click.echo("\nsources:")
+    for r in rows:
+        if r["spec"] is None:
+            click.echo(f"  {r['name']:<14} {r['source']}")
+    click.echo("\nA spec resizes any of them (gpt2-345m:layers=4,seq=128); `distsim models --help` lists the keys.")
 
 
 @cli.command()

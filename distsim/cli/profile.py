@@ -111,21 +111,24 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         strategies += grid
     if not strategies:
         raise DistsimError("give the strategies to profile: --strategy (repeatable) or --grid-gpus with --global-batch")
-    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
-    click.echo(found.report(), err=True)
-    if kw["dry_run"]:
-        return
-    out = kw["out"]
-    existing = load_profile(out) if os.path.exists(out) and not kw["overwrite"] else None
-    if existing is not None:
-        click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "
-                   "--overwrite replaces it)", err=True)  # fmt: skip
-    torch = need_torch("profile")
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
     )
     if kw["link_bandwidth"] and emulation is None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
+    max_comm_bytes = parse_bytes(kw["max_comm_bytes"])
+    out = kw["out"]
+    existing = None
+    if not kw["dry_run"] and os.path.exists(out) and not kw["overwrite"]:
+        existing = load_profile(out)  # a malformed one is refused before anything is measured
+    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
+    click.echo(found.report(), err=True)
+    if kw["dry_run"]:
+        return
+    if existing is not None:
+        click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "
+                   "--overwrite replaces it)", err=True)  # fmt: skip
+    torch = need_torch("profile")
     if existing is not None:
         from distsim.profiler.compute import device_name
         from distsim.profiler.worker import usable_cores
@@ -147,7 +150,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         cluster=portable(kw["cluster_name"]),
         nodes=cluster.nodes,
         strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
-        repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=parse_bytes(kw["max_comm_bytes"]),
+        repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=max_comm_bytes,
         max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"], compute=not kw["no_compute"],
         comm=not kw["no_comm"], emulation=emulation.to_dict() if emulation else {},
         command=invoked_command(),

@@ -190,18 +190,18 @@ def simulate(**kw: Any) -> None:
         rank_order=kw["rank_order"],
         link_sharing=kw["link_sharing"],
     )
-    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
-        click.echo(
-            f"note: {strategy.num_micro_batches} micro-batch(es) for {strategy.pp} pipeline stages leaves most "
-            "of the pipeline idle; pass --micro-batches",
-            err=True,
-        )
     try:
         result = run_simulation(model, cluster, target, costs, options, samples=kw["samples"], seed=kw["seed"])
     except DistsimError as exc:
         if plan is None:
             raise
         raise type(exc)(f"{kw['plan_path']}: {exc}") from None
+    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
+        click.echo(
+            f"note: {strategy.num_micro_batches} micro-batch(es) for {strategy.pp} pipeline stages leaves most "
+            "of the pipeline idle; pass --micro-batches",
+            err=True,
+        )
     _write_outputs(result, kw)
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
