@@ -36,7 +36,9 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
         db = load_profile(profile_path)
         measured_on, profiled_on = trace.provenance.get("device"), db.provenance.get("device")
         if measured_on and profiled_on and measured_on != profiled_on:
-            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}")
+            advice = _reprofile_advice(path, plan)
+            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}, and a "
+                             f"profile predicts only the device it was measured on: {advice}")  # fmt: skip
         costs = ProfileCosts(db, costs, strict=True)
     options = FlowOptions(p2p_blocking=bool(plan["p2p_blocking"]))
     try:
@@ -48,6 +50,28 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     val = validate_timelines(result.timeline, measured, result.iteration_time_s)
     val.deterministic_s = mean_durations.iteration_time_s
     return trace, result, val
+
+
+def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
+    """What to run on the machine a trace was measured on: profile the trace's plan there, then validate with it."""
+    import shlex
+
+    from distsim.cli.common import profile_command, profile_out_name
+    from distsim.io import load_cluster
+    from distsim.strategy import Strategy
+
+    preset = load_cluster(plan["cluster"])
+    nodes = int(plan["nodes"])
+    world = Strategy.from_str(plan["strategy"]).num_gpus
+    out = profile_out_name(plan["model"], plan["cluster"])
+    command = profile_command(plan["model"], plan["cluster"], plan["strategy"], out,
+                              nodes=nodes if nodes != preset.nodes else None, emulation=plan.get("emulation"),
+                              world=world, run_nodes=nodes)  # fmt: skip
+    where = " on every node (K = 0, 1, ...)" if command.startswith("torchrun") else ""
+    return (
+        f"profile the machine the trace ran on first, `{command}`{where}, then rerun "
+        f"`distsim validate --trace {shlex.quote(path)} --profile {shlex.quote(out)}`"
+    )
 
 
 @cli.command()
