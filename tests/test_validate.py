@@ -123,11 +123,14 @@ def test_the_profile_command_without_emulation_runs_under_torchrun() -> None:
     from distsim.cli.common import profile_command, profile_out_name
 
     assert profile_out_name("/home/me/my model.json", "cpu-2x1") == "profile-my-model-cpu-2x1.json"
-    alone = profile_command("gpt2-cpu", "cpu-1x2", "tp=1 pp=1 dp=1", "p.json")
-    assert alone == "distsim profile --model gpt2-cpu --cluster cpu-1x2 --strategy 'tp=1 pp=1 dp=1' --out p.json"
-    nodes = profile_command("gpt2-345m", "dgx-a100", "tp=8 pp=2 dp=1", "p.json", nodes=2, world=16, run_nodes=2)
+    alone = profile_command("gpt2-cpu", "cpu-1x2", Strategy(), "p.json")
+    assert alone == "distsim profile --model gpt2-cpu --cluster cpu-1x2 --strategy 1M1P1D --out p.json"
+    s = Strategy(tp=8, pp=2, num_micro_batches=4, schedule="gpipe")
+    nodes = profile_command("gpt2-345m", "dgx-a100", s, "p.json", nodes=2, world=16, run_nodes=2)
     assert nodes.startswith("torchrun --nnodes 2 --nproc-per-node 8 --node-rank K --rdzv-endpoint HOST:PORT -m ")
-    assert "--cluster dgx-a100 --nodes 2 --strategy 'tp=8 pp=2 dp=1' --out p.json" in nodes
+    assert "--nodes 2 --strategy 8M2P1D --schedule gpipe --micro-batches 4 --out p.json" in nodes
+    wfbp = profile_command("gpt2-cpu", "cpu-1x2", Strategy(dp=2, grad_sync="wfbp"), "p.json")
+    assert "--strategy 'tp=1 pp=1 dp=2 mbs=1 mb=1 schedule=1f1b sync=wfbp' --out" in wfbp  # no option says wfbp
 
 
 def test_shipped_traces_validate(capsys: pytest.CaptureFixture[str]) -> None:

@@ -159,21 +159,39 @@ def profile_out_name(model: str, cluster: str) -> str:
     return f"profile-{slug(model)}-{slug(cluster)}.json"
 
 
-def profile_command(model: str, cluster: str, strategy: str, out: str, *, nodes: int | None = None,
-                    emulation: dict[str, Any] | None = None, world: int = 1, run_nodes: int = 1) -> str:  # fmt: skip
-    """The shell command that profiles every event of one plan on this machine.
+def strategy_args(strategy: Any) -> list[str]:
+    """Options of ``distsim profile`` that give `strategy` exactly: ``--strategy 1M2P1D --micro-batches 8 ...`` where
+    those options can say everything, else its readable form (``--strategy 'tp=1 pp=1 dp=2 ... sync=wfbp'``)."""
+    from distsim.strategy import Strategy
 
-    `strategy` is the plan's readable form (``tp=1 pp=2 dp=1 mbs=1 mb=8 schedule=1f1b partition=4:2``, which
-    ``distsim profile --strategy`` reads back exactly); `nodes` overrides the cluster's node count when given. With
-    the `emulation` a run recorded (``Emulation.to_dict``), the ranks are launched the same way on this machine;
-    without one, a plan of several ranks runs under torchrun (run on each of its `run_nodes` nodes, K = its rank).
+    default = Strategy(strategy.tp, strategy.pp, strategy.dp, strategy.micro_batch_size, strategy.num_micro_batches,
+                       strategy.schedule)  # fmt: skip
+    if default != strategy:  # a partition, virtual stages, policy, D or wfbp: only the readable form has them
+        return ["--strategy", strategy.describe()]
+    args = ["--strategy", str(strategy)]
+    if strategy.pp > 1:
+        args += ["--schedule", strategy.schedule]
+    if strategy.num_micro_batches > 1:
+        args += ["--micro-batches", str(strategy.num_micro_batches)]
+    if strategy.micro_batch_size > 1:
+        args += ["--micro-batch-size", str(strategy.micro_batch_size)]
+    return args
+
+
+def profile_command(model: str, cluster: str, strategy: Any, out: str, *, nodes: int | None = None,
+                    emulation: dict[str, Any] | None = None, world: int = 1, run_nodes: int = 1) -> str:  # fmt: skip
+    """The shell command that profiles every event of one plan's `strategy` on this machine.
+
+    `nodes` overrides the cluster's node count when given. With the `emulation` a run recorded
+    (``Emulation.to_dict``), the ranks are launched the same way on this machine; without one, a plan of several ranks
+    runs under torchrun (run on each of its `run_nodes` nodes, K = its rank).
     """
     import shlex
 
     args = ["--model", model, "--cluster", cluster]
     if nodes is not None:
         args += ["--nodes", str(nodes)]
-    args += ["--strategy", strategy]
+    args += strategy_args(strategy)
     if emulation:
         args += ["--emulate-nodes", str(emulation.get("nodes", 1)),
                  "--procs-per-node", str(emulation.get("procs_per_node", 1))]  # fmt: skip

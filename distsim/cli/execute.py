@@ -68,21 +68,26 @@ def execute(**kw: Any) -> None:
     overrides, _ = strategy_overrides(kw)
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
     check_strategy(strategy, model, cluster)
+    planned = strategy  # as given: a new profile may balance another partition
     if strategy.partition is None:
         costs = load_costs(cluster, kw["profile_path"])
         counts = tuple(e - s for s, e in resolve_partition(model, strategy, costs))
         strategy = strategy.with_(partition=counts)
-    out = kw["out"]
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
     need_torch("execute")
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
     )
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if kw["profile_path"] and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
+        warning = _profile_device_check(kw, planned, emulation, torchrun)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
+    out = kw["out"]
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise DistsimError(f"{out}: cannot write there (directory {directory} missing or not writable)")
     if kw["link_bandwidth"] and emulation is None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
     if ranks != strategy.num_gpus:
         raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
@@ -107,3 +112,31 @@ def execute(**kw: Any) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def device_warning(profile_path: str, profiled_on: str | None, here: str, profile_cmd: str, out: str) -> str | None:
+    """Why a profile of another device will not predict a run on this one, and what to do; None if it matches."""
+    if not profiled_on or profiled_on == here:
+        return None
+    return (f"{profile_path} was measured on {profiled_on!r}, this machine is {here!r}: its timings will not predict "
+            f"this run, and `distsim validate` will refuse to compare them with the trace. Profile this machine "
+            f"first, `{profile_cmd}`, then execute again with --profile {out}")  # fmt: skip
+
+
+def _profile_device_check(kw: dict[str, Any], strategy: Any, emulation: Any, torchrun: bool) -> str | None:
+    """device_warning for --profile against this machine's device (named as the profiler names it)."""
+    from distsim.cli.common import profile_command, profile_out_name
+    from distsim.io import load_profile
+    from distsim.profiler.compute import local_device_name
+
+    profiled_on = load_profile(kw["profile_path"]).provenance.get("device")
+    here = local_device_name()
+    if not profiled_on or profiled_on == here:
+        return None
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else strategy.num_gpus
+    run_nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1
+    out = profile_out_name(kw["model_name"], kw["cluster_name"])
+    command = profile_command(kw["model_name"], kw["cluster_name"], strategy, out, nodes=kw["nodes"],
+                              emulation=emulation.to_dict() if emulation else None, world=world,
+                              run_nodes=run_nodes)  # fmt: skip
+    return device_warning(kw["profile_path"], profiled_on, here, command, out)

@@ -127,14 +127,14 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     if kw["link_bandwidth"] and emulation is None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
     if existing is not None:
-        from distsim.profiler.compute import device_name
+        from distsim.profiler.compute import local_device_name
         from distsim.profiler.worker import usable_cores
 
         world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
         local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
         cuda = torch.cuda.is_available()
         planned = {
-            "device": device_name(torch.device("cuda:0" if cuda else "cpu")),
+            "device": local_device_name(),
             "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
             "backend": ("nccl" if cuda else "gloo") if world > 1 and not kw["no_comm"] else "none",
         }

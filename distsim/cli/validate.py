@@ -62,11 +62,11 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
 
     preset = load_cluster(plan["cluster"])
     nodes = int(plan["nodes"])
-    world = Strategy.from_str(plan["strategy"]).num_gpus
+    strategy = Strategy.from_str(plan["strategy"])  # with the partition it ran: the exact p2p sizes
     out = profile_out_name(plan["model"], plan["cluster"])
-    command = profile_command(plan["model"], plan["cluster"], plan["strategy"], out,
+    command = profile_command(plan["model"], plan["cluster"], strategy, out,
                               nodes=nodes if nodes != preset.nodes else None, emulation=plan.get("emulation"),
-                              world=world, run_nodes=nodes)  # fmt: skip
+                              world=strategy.num_gpus, run_nodes=nodes)  # fmt: skip
     where = " on every node (K = 0, 1, ...)" if command.startswith("torchrun") else ""
     return (
         f"profile the machine the trace ran on first, `{command}`{where}, then rerun "
