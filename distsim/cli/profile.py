@@ -182,6 +182,7 @@ def _profile_cost_report(found: Any, db: Any) -> str:
 def profile_show(path: str, as_json: bool) -> None:
     """Summarise a profile database: provenance, compute events, communication fits."""
     from distsim.io import load_profile
+    from distsim.machine_load import describe_load
 
     db = load_profile(path)
     if as_json:
@@ -200,6 +201,12 @@ def profile_show(path: str, as_json: bool) -> None:
             layout += f", link {run['emulation']['link_bandwidth']}"
         counts = f"{run.get('compute_events')} compute, {run.get('comm_measurements')} comm"
         click.echo(f"  run {run.get('date')} ({layout}): {counts} in {run.get('seconds')} s  {run.get('model', '')}")
+        if run.get("load"):
+            click.echo(f"    reference workload ({run['load'].get('workload', '?')}), before and after profiling:")
+            for line in describe_load(run["load"]):
+                click.echo(f"      {line}")
+            for message in run["load"].get("warnings", []):
+                click.echo(f"    warning: {message}")
     ops: dict[str, int] = {}
     for key in db.compute:
         op = key.split("[", 1)[0].split("/", 1)[0]

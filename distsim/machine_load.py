@@ -1,0 +1,143 @@
+"""Was the machine loaded while it was profiled? Judging the reference timings a profile records (pure).
+
+Every profiling rank times a fixed reference workload (:mod:`distsim.profiler.reference`) when it starts and when it
+ends, and reads the 1-minute load average and its usable cores at the start. The profile keeps them per rank in
+``provenance.load`` (the latest run) and in each ``provenance.runs[].load``::
+
+    {"workload": "32 fp32 matmuls of 256x256 per round, median of 7 rounds", "drift_limit": 0.15,
+     "ranks": [{"rank": 0, "host": "vm", "cores": 2, "loadavg_1m": 0.12, "ranks_on_node": 2, "cpu_threads": 1,
+                "reference_start_s": 0.0121, "reference_end_s": 0.0124}, ...],
+     "warnings": ["..."]}
+
+The judgement is here, on given numbers, so that it is tested without timing anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+DRIFT_LIMIT = 0.15
+"""Largest change of a rank's reference time (end against start, or a new run against an earlier one) that is not
+reported. On this project's 2-core VM the reference reads within about 10 % of itself when the machine is idle and 2x
+to 4x slower with another process busy; a profile measured 15 % slow mispredicts by about as much, twice the 8 %
+batch-time target."""
+BUSY_MARGIN = 0.5
+"""Load average allowed above the cores the profiler's own ranks leave free, before the machine counts as busy at the
+start: the ranks' own start-up (importing torch) raises the 1-minute average by up to ~0.3, while one competing
+process that has run for a minute raises it by 0.63 (and by 1 when it keeps running)."""
+
+
+def busy_warning(loadavg_1m: float | None, cores: int | None, needed_cores: int, host: str = "",
+                 margin: float = BUSY_MARGIN) -> str | None:  # fmt: skip
+    """A warning when other work competed for the cores at the start, or None.
+
+    The machine is busy when its 1-minute load average exceeds the cores left over by the profiler's own ranks on
+    this node (`needed_cores`: ranks x threads per rank), plus `margin`: other runnable processes then share the
+    ranks' cores.
+    """
+    if loadavg_1m is None or cores is None:
+        return None
+    free = max(cores - needed_cores, 0)
+    if loadavg_1m <= free + margin:
+        return None
+    where = f" on {host}" if host else ""
+    return (f"the machine{where} was busy when profiling started: load average {loadavg_1m:.2f} on {cores} cores, "
+            f"{min(needed_cores, cores)} of them used by the profiler; compute timings are likely slow (profile an "
+            "idle machine)")  # fmt: skip
+
+
+def drift_warning(rank: int, start_s: float | None, end_s: float | None, limit: float = DRIFT_LIMIT) -> str | None:
+    """A warning when a rank's reference time moved by more than `limit` (relative) between start and end."""
+    if not start_s or not end_s:
+        return None
+    change = end_s / start_s - 1
+    if abs(change) <= limit:
+        return None
+    return (f"rank {rank}'s reference workload took {start_s * 1e3:.1f} ms when profiling started and "
+            f"{end_s * 1e3:.1f} ms at the end ({change:+.0%}, more than {limit:.0%}): the machine's speed changed "
+            "during profiling (other load), so events measured at different times do not agree")  # fmt: skip
+
+
+def load_warnings(ranks: Iterable[dict[str, Any]], limit: float = DRIFT_LIMIT,
+                  margin: float = BUSY_MARGIN) -> list[str]:  # fmt: skip
+    """Every warning the per-rank readings of one run call for: busy hosts at the start (CPU ranks: those that record
+    ``cpu_threads``), then ranks whose reference time drifted."""
+    ranks = list(ranks)
+    warnings: list[str] = []
+    hosts: dict[str, dict[str, Any]] = {}
+    for r in ranks:  # one reading per host: the highest load any of its ranks saw
+        seen = hosts.setdefault(str(r.get("host", "")), r)
+        if (r.get("loadavg_1m") or 0) > (seen.get("loadavg_1m") or 0):
+            hosts[str(r.get("host", ""))] = r
+    for host, r in hosts.items():
+        if not r.get("cpu_threads"):
+            continue  # GPU ranks: the load average says little about their speed
+        needed = int(r.get("ranks_on_node", 1)) * int(r["cpu_threads"])
+        message = busy_warning(r.get("loadavg_1m"), r.get("cores"), needed, host if len(hosts) > 1 else "", margin)
+        if message:
+            warnings.append(message)
+    for r in ranks:
+        message = drift_warning(int(r.get("rank", 0)), r.get("reference_start_s"), r.get("reference_end_s"), limit)
+        if message:
+            warnings.append(message)
+    return warnings
+
+
+def run_reference_s(load: dict[str, Any] | None) -> float | None:
+    """One run's reference time: the mean over its ranks of their start and end readings (None if not recorded)."""
+    if not load:
+        return None
+    values = [
+        v for r in load.get("ranks", []) for v in (r.get("reference_start_s"), r.get("reference_end_s")) if v
+    ]  # fmt: skip
+    return statistics.fmean(values) if values else None
+
+
+def extension_warning(runs: Iterable[dict[str, Any]], workload: str, now_s: float,
+                      limit: float = DRIFT_LIMIT) -> str | None:  # fmt: skip
+    """A warning when this run's reference time (`now_s`, mean over its ranks at the start) differs by more than
+    `limit` from an earlier run's of the profile being extended (the one that differs most), or None.
+
+    Only runs that timed the same `workload` are compared.
+    """
+    worst: tuple[float, dict[str, Any], float] | None = None
+    for run in runs:
+        load = run.get("load") or {}
+        then = run_reference_s(load) if load.get("workload") == workload else None
+        if not then:
+            continue
+        change = now_s / then - 1
+        if worst is None or abs(change) > abs(worst[0]):
+            worst = (change, run, then)
+    if worst is None or abs(worst[0]) <= limit:
+        return None
+    change, run, then = worst
+    faster = "slower" if change > 0 else "faster"
+    return (f"this machine is now {abs(change):.0%} {faster} than when the profile's run of {run.get('date', '?')} "
+            f"was measured (reference workload {now_s * 1e3:.1f} ms against {then * 1e3:.1f} ms, more than "
+            f"{limit:.0%}): the events measured now will not agree with the profile's earlier ones")  # fmt: skip
+
+
+def recorded_warnings(provenance: dict[str, Any]) -> list[str]:
+    """The load warnings a profile's runs recorded, each prefixed with its run's date."""
+    out = []
+    for run in provenance.get("runs", []):
+        for message in (run.get("load") or {}).get("warnings", []):
+            out.append(f"run of {run.get('date', '?')}: {message}")
+    return out
+
+
+def describe_load(load: dict[str, Any]) -> list[str]:
+    """Lines for ``distsim profile show``: per rank the reference before and after, the load average and cores."""
+    lines = []
+    for r in load.get("ranks", []):
+        start, end = r.get("reference_start_s"), r.get("reference_end_s")
+        ref = " -> ".join(f"{v * 1e3:.1f} ms" for v in (start, end) if v)
+        change = f" ({end / start - 1:+.0%})" if start and end else ""
+        host = f" on {r['host']}" if r.get("host") else ""
+        avg = r.get("loadavg_1m")
+        machine = f", load average {avg:.2f} on {r.get('cores', '?')} cores" if avg is not None else ""
+        lines.append(f"rank {r.get('rank', '?')}{host}: reference {ref}{change}{machine}")
+    return lines

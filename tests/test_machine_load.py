@@ -1,0 +1,77 @@
+"""Judging a profile's load readings: given numbers in, warnings out (nothing here times anything)."""
+
+from __future__ import annotations
+
+from distsim.machine_load import (
+    BUSY_MARGIN,
+    DRIFT_LIMIT,
+    busy_warning,
+    describe_load,
+    extension_warning,
+    load_warnings,
+    recorded_warnings,
+)
+
+WORKLOAD = "32 fp32 matmuls of 256x256 per round, median of 7 rounds"
+
+
+def rank(r: int = 0, start: float = 0.012, end: float = 0.012, load: float = 0.1, cores: int = 2, ranks: int = 2,
+         threads: int | None = 1, host: str = "vm") -> dict:  # fmt: skip
+    return {"rank": r, "host": host, "cores": cores, "loadavg_1m": load, "ranks_on_node": ranks,
+            "cpu_threads": threads, "reference_start_s": start, "reference_end_s": end}  # fmt: skip
+
+
+def test_an_idle_steady_machine_gives_no_warning() -> None:
+    assert load_warnings([rank(0, 0.0120, 0.0130), rank(1, 0.0125, 0.0118)]) == []  # +8 %, -6 %
+
+
+def test_the_threshold_is_15_percent_either_way() -> None:
+    assert DRIFT_LIMIT == 0.15
+    assert load_warnings([rank(start=0.0100, end=0.0114)]) == []  # +14 %
+    slower = load_warnings([rank(r=1, start=0.0100, end=0.0116)])  # +16 %
+    assert len(slower) == 1 and "rank 1's reference workload took 10.0 ms" in slower[0] and "(+16%" in slower[0]
+    faster = load_warnings([rank(start=0.0100, end=0.0080)])  # -20 %: the machine was loaded at the start
+    assert len(faster) == 1 and "-20%" in faster[0]
+    assert load_warnings([rank(start=0.0100, end=0.0116)], limit=0.2) == []
+
+
+def test_a_busy_machine_at_the_start_is_reported() -> None:
+    # 2 cores, both taken by the profiler's ranks: any competitor shares a rank's core
+    assert busy_warning(0.4, 2, 2) is None
+    assert busy_warning(BUSY_MARGIN, 2, 2) is None  # the margin itself is allowed
+    busy = busy_warning(1.2, 2, 2)
+    assert busy is not None and "load average 1.20 on 2 cores, 2 of them used by the profiler" in busy
+    assert busy_warning(1.2, 16, 2) is None  # plenty of free cores
+    assert busy_warning(14.6, 16, 2) is not None
+    assert busy_warning(1.2, 2, 1) is None  # one single-threaded rank leaves a core free
+    assert busy_warning(None, 2, 2) is None
+    # a single process with 2 threads needs both cores; GPU ranks are not judged by the CPU's load
+    assert load_warnings([rank(load=1.0, ranks=1, threads=2)]) != []
+    assert load_warnings([rank(load=9.0, threads=None)]) == []
+
+
+def test_one_busy_warning_per_host_naming_it() -> None:
+    ranks = [rank(0, load=0.1, host="a"), rank(1, load=1.5, host="a"), rank(2, load=0.1, host="b")]
+    warnings = load_warnings(ranks)
+    assert len(warnings) == 1 and "the machine on a was busy" in warnings[0]
+
+
+def test_extending_compares_with_the_profiles_earlier_runs() -> None:
+    runs = [
+        {"date": "d1", "load": {"workload": WORKLOAD, "ranks": [rank(start=0.010, end=0.010)]}},
+        {"date": "d2", "load": {"workload": WORKLOAD, "ranks": [rank(start=0.011, end=0.011)]}},
+        {"date": "d0"},  # profiled before load was recorded
+        {"date": "dx", "load": {"workload": "another workload", "ranks": [rank(start=0.100, end=0.100)]}},
+    ]
+    assert extension_warning(runs, WORKLOAD, 0.0113) is None  # +13 % against d1, +3 % against d2
+    slower = extension_warning(runs, WORKLOAD, 0.0125)  # +25 % against d1 (the largest change)
+    assert slower is not None and "now 25% slower than when the profile's run of d1" in slower
+    faster = extension_warning(runs, WORKLOAD, 0.0080)
+    assert faster is not None and "27% faster" in faster and "of d2" in faster
+    assert extension_warning([{"date": "d0"}], WORKLOAD, 0.05) is None
+
+
+def test_recorded_warnings_and_the_show_lines() -> None:
+    load = {"workload": WORKLOAD, "ranks": [rank(0, 0.0120, 0.0150, load=0.25)], "warnings": ["it was busy"]}
+    assert recorded_warnings({"runs": [{"date": "d1", "load": load}, {"date": "d2"}]}) == ["run of d1: it was busy"]
+    assert describe_load(load) == ["rank 0 on vm: reference 12.0 ms -> 15.0 ms (+25%), load average 0.25 on 2 cores"]
