@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from distsim.machine_load import (
     BUSY_MARGIN,
     DRIFT_LIMIT,
@@ -11,6 +16,7 @@ from distsim.machine_load import (
     load_warnings,
     recorded_warnings,
 )
+from tests.util import run_cli
 
 WORKLOAD = "32 fp32 matmuls of 256x256 per round, median of 7 rounds"
 
@@ -75,3 +81,22 @@ def test_recorded_warnings_and_the_show_lines() -> None:
     load = {"workload": WORKLOAD, "ranks": [rank(0, 0.0120, 0.0150, load=0.25)], "warnings": ["it was busy"]}
     assert recorded_warnings({"runs": [{"date": "d1", "load": load}, {"date": "d2"}]}) == ["run of d1: it was busy"]
     assert describe_load(load) == ["rank 0 on vm: reference 12.0 ms -> 15.0 ms (+25%), load average 0.25 on 2 cores"]
+
+
+@pytest.mark.parametrize("command", ["simulate", "validate"])
+def test_simulate_and_validate_mention_a_profile_measured_under_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    data = json.loads(Path("profiles/validation/gpt2-cpu-2x1.json").read_text())
+    data["provenance"]["runs"][0]["load"] = {"workload": WORKLOAD, "ranks": [], "warnings": ["the machine was busy"]}
+    profile = tmp_path / "loaded.json"
+    profile.write_text(json.dumps(data))
+    if command == "simulate":
+        args = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches",
+                "4", "--profile", str(profile)]  # fmt: skip
+    else:
+        args = ["validate", "--trace", "traces/gpt2-cpu-2x1-1M2P1D-1f1b-M4.json", "--profile", str(profile),
+                "--samples", "0"]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "profile load warning" in out and "the machine was busy" in out

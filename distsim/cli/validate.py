@@ -11,12 +11,14 @@ from distsim.cli.app import cli
 from distsim.errors import DistsimError
 
 
-def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any]:
-    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace."""
+def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any, list[str]]:
+    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace; also
+    the load warnings the profile recorded while it was measured."""
     from distsim.costs import AnalyticCosts, ProfileCosts
     from distsim.errors import ProfileError
     from distsim.events import FlowOptions
     from distsim.io import load_cluster, load_model, load_profile, load_trace
+    from distsim.machine_load import recorded_warnings
     from distsim.simulate import simulate
     from distsim.strategy import Strategy
     from distsim.trace import TraceError
@@ -32,6 +34,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy = Strategy.from_str(plan["strategy"])
     costs: Any = AnalyticCosts(cluster)
+    load_warnings: list[str] = []
     if profile_path:
         db = load_profile(profile_path)
         measured_on, profiled_on = trace.provenance.get("device"), db.provenance.get("device")
@@ -40,6 +43,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
             raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}, and a "
                              f"profile predicts only the device it was measured on: {advice}")  # fmt: skip
         costs = ProfileCosts(db, costs, strict=True)
+        load_warnings = recorded_warnings(db.provenance)
     options = FlowOptions(p2p_blocking=bool(plan["p2p_blocking"]))
     try:
         result = simulate(model, cluster, strategy, costs, options, samples=samples)
@@ -49,7 +53,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
     val = validate_timelines(result.timeline, measured, result.iteration_time_s)
     val.deterministic_s = mean_durations.iteration_time_s
-    return trace, result, val
+    return trace, result, val, load_warnings
 
 
 def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
@@ -101,7 +105,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     if (trace_path is None) == (suite_dir is None):
         raise click.UsageError("give --trace FILE or --suite [DIR]")
     if trace_path:
-        trace, result, val = _validate_one(trace_path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(trace_path, profile_path, samples)
         if plot_path:
             from distsim.io import write_figure
             from distsim.plots import compare_gantt
@@ -110,7 +114,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
             write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
         if as_json:
-            click.echo(json.dumps({"trace": trace_path, **val.to_dict()}, indent=2))
+            click.echo(json.dumps({"trace": trace_path, **val.to_dict(), "profile_load_warnings": load_warnings},
+                                  indent=2))  # fmt: skip
             return
         click.echo(f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}")
         click.echo(f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
@@ -129,6 +134,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         )
         click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
                    f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
+        for message in load_warnings:
+            click.echo(f"  profile load warning  {message} (the prediction may be off by as much)")
         return
     _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples)
 
@@ -147,8 +154,11 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
     if not paths:
         raise DistsimError(f"no traces (*.json) in {directory}")
     rows = []
+    warned: set[str] = set()
     for path in paths:
-        trace, result, val = _validate_one(path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(path, profile_path, samples)
+        if load_warnings:
+            warned.add(profile_path or str(trace.plan.get("profile")))
         s: Strategy = result.strategy
         emulation = trace.plan.get("emulation") or {}
         layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
@@ -176,8 +186,11 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         "gpu_error_max_%": round(max(table["gpu_err_%"]), 2),
     }  # fmt: skip
     if as_json:
-        click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        click.echo(json.dumps({"summary": summary, "rows": rows, "profiles_with_load_warnings": sorted(warned)},
+                              indent=2))  # fmt: skip
         return
     with pd.option_context("display.max_rows", None, "display.width", 200):
         click.echo(table.to_string(index=False))
     click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()))
+    if warned:
+        click.echo("profiles that recorded load warnings (distsim profile show): " + ", ".join(sorted(warned)))
