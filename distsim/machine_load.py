@@ -5,7 +5,7 @@ ends, and reads the 1-minute load average and its usable cores at the start. The
 ``provenance.load`` (the latest run) and in each ``provenance.runs[].load``::
 
     {"workload": "32 fp32 matmuls of 256x256 per round, median of 7 rounds", "drift_limit": 0.15,
-     "ranks": [{"rank": 0, "host": "vm", "cores": 2, "loadavg_1m": 0.12, "ranks_on_node": 2, "cpu_threads": 1,
+     "ranks": [{"rank": 0, "host": "vm", "cores": 2, "loadavg_1m": 0.12, "cpu_threads": 1,
                 "reference_start_s": 0.0121, "reference_end_s": 0.0124}, ...],
      "warnings": ["..."]}
 
@@ -34,8 +34,8 @@ def busy_warning(loadavg_1m: float | None, cores: int | None, needed_cores: int,
     """A warning when other work competed for the cores at the start, or None.
 
     The machine is busy when its 1-minute load average exceeds the cores left over by the profiler's own ranks on
-    this node (`needed_cores`: ranks x threads per rank), plus `margin`: other runnable processes then share the
-    ranks' cores.
+    it (`needed_cores`: the threads of its ranks), plus `margin`: other runnable processes then share the ranks'
+    cores.
     """
     if loadavg_1m is None or cores is None:
         return None
@@ -62,20 +62,22 @@ def drift_warning(rank: int, start_s: float | None, end_s: float | None, limit: 
 
 def load_warnings(ranks: Iterable[dict[str, Any]], limit: float = DRIFT_LIMIT,
                   margin: float = BUSY_MARGIN) -> list[str]:  # fmt: skip
-    """Every warning the per-rank readings of one run call for: busy hosts at the start (CPU ranks: those that record
-    ``cpu_threads``), then ranks whose reference time drifted."""
+    """Every warning the per-rank readings of one run call for: busy hosts at the start (judged for CPU ranks, those
+    that record ``cpu_threads``; the ranks of one host name share its cores), then ranks whose reference time
+    drifted."""
     ranks = list(ranks)
     warnings: list[str] = []
-    hosts: dict[str, dict[str, Any]] = {}
-    for r in ranks:  # one reading per host: the highest load any of its ranks saw
-        seen = hosts.setdefault(str(r.get("host", "")), r)
-        if (r.get("loadavg_1m") or 0) > (seen.get("loadavg_1m") or 0):
-            hosts[str(r.get("host", ""))] = r
-    for host, r in hosts.items():
-        if not r.get("cpu_threads"):
-            continue  # GPU ranks: the load average says little about their speed
-        needed = int(r.get("ranks_on_node", 1)) * int(r["cpu_threads"])
-        message = busy_warning(r.get("loadavg_1m"), r.get("cores"), needed, host if len(hosts) > 1 else "", margin)
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for r in ranks:  # emulated nodes share their machine's host name, and its cores
+        hosts.setdefault(str(r.get("host", "")), []).append(r)
+    for host, here in hosts.items():
+        cpu = [r for r in here if r.get("cpu_threads")]  # GPU ranks: the load average says little of their speed
+        if not cpu:
+            continue
+        needed = sum(int(r["cpu_threads"]) for r in cpu)
+        busiest = max(cpu, key=lambda r: r.get("loadavg_1m") or 0)
+        message = busy_warning(busiest.get("loadavg_1m"), busiest.get("cores"), needed,
+                               host if len(hosts) > 1 else "", margin)  # fmt: skip
         if message:
             warnings.append(message)
     for r in ranks:

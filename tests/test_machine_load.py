@@ -21,10 +21,10 @@ from tests.util import run_cli
 WORKLOAD = "32 fp32 matmuls of 256x256 per round, median of 7 rounds"
 
 
-def rank(r: int = 0, start: float = 0.012, end: float = 0.012, load: float = 0.1, cores: int = 2, ranks: int = 2,
+def rank(r: int = 0, start: float = 0.012, end: float = 0.012, load: float = 0.1, cores: int = 2,
          threads: int | None = 1, host: str = "vm") -> dict:  # fmt: skip
-    return {"rank": r, "host": host, "cores": cores, "loadavg_1m": load, "ranks_on_node": ranks,
-            "cpu_threads": threads, "reference_start_s": start, "reference_end_s": end}  # fmt: skip
+    return {"rank": r, "host": host, "cores": cores, "loadavg_1m": load, "cpu_threads": threads,
+            "reference_start_s": start, "reference_end_s": end}  # fmt: skip
 
 
 def test_an_idle_steady_machine_gives_no_warning() -> None:
@@ -51,13 +51,16 @@ def test_a_busy_machine_at_the_start_is_reported() -> None:
     assert busy_warning(14.6, 16, 2) is not None
     assert busy_warning(1.2, 2, 1) is None  # one single-threaded rank leaves a core free
     assert busy_warning(None, 2, 2) is None
-    # a single process with 2 threads needs both cores; GPU ranks are not judged by the CPU's load
-    assert load_warnings([rank(load=1.0, ranks=1, threads=2)]) != []
-    assert load_warnings([rank(load=9.0, threads=None)]) == []
+    # the ranks of one host share its cores: two single-threaded ranks, or one process of 2 threads, need both
+    assert load_warnings([rank(0, load=1.0), rank(1, load=1.0)]) != []
+    assert load_warnings([rank(0, load=1.0)]) == []
+    assert load_warnings([rank(load=1.0, threads=2)]) != []
+    assert load_warnings([rank(load=9.0, threads=None)]) == []  # GPU ranks are not judged by the CPU's load
 
 
 def test_one_busy_warning_per_host_naming_it() -> None:
-    ranks = [rank(0, load=0.1, host="a"), rank(1, load=1.5, host="a"), rank(2, load=0.1, host="b")]
+    ranks = [rank(0, load=0.1, host="a"), rank(1, load=1.5, host="a"), rank(2, load=0.1, host="b"),
+             rank(3, load=0.1, host="b")]  # fmt: skip
     warnings = load_warnings(ranks)
     assert len(warnings) == 1 and "the machine on a was busy" in warnings[0]
 

@@ -113,7 +113,6 @@ def run(cfg: ProfileConfig) -> None:
     nodes = world // local_world
     # the machine's load and cores, read before the rank is pinned to its core
     reading: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), **machine_load()}
-    reading["ranks_on_node"] = local_world
     device = init_rank(local_rank, local_world, world, cfg.timeout_s)
     cuda = device.type == "cuda"
     reading["cpu_threads"] = None if cuda else torch.get_num_threads()
