@@ -48,16 +48,18 @@ def busy_warning(loadavg_1m: float | None, cores: int | None, needed_cores: int,
             "idle machine)")  # fmt: skip
 
 
-def drift_warning(rank: int, start_s: float | None, end_s: float | None, limit: float = DRIFT_LIMIT) -> str | None:
-    """A warning when a rank's reference time moved by more than `limit` (relative) between start and end."""
-    if not start_s or not end_s:
+def drift_warning(readings: Iterable[tuple[int, float | None, float | None]], limit: float = DRIFT_LIMIT,
+                  shown: int = 4) -> str | None:  # fmt: skip
+    """One warning naming the ranks whose reference time moved by more than `limit` (relative) between the start
+    and the end of profiling, from (rank, start_s, end_s) readings; None if none did."""
+    moved = [(r, a, b, b / a - 1) for r, a, b in readings if a and b and abs(b / a - 1) > limit]
+    if not moved:
         return None
-    change = end_s / start_s - 1
-    if abs(change) <= limit:
-        return None
-    return (f"rank {rank}'s reference workload took {start_s * 1e3:.1f} ms when profiling started and "
-            f"{end_s * 1e3:.1f} ms at the end ({change:+.0%}, more than {limit:.0%}): the machine's speed changed "
-            "during profiling (other load), so events measured at different times do not agree")  # fmt: skip
+    listed = ", ".join(f"rank {r} ({a * 1e3:.1f} -> {b * 1e3:.1f} ms, {c:+.0%})" for r, a, b, c in moved[:shown])
+    more = f" and {len(moved) - shown} more ranks" if len(moved) > shown else ""
+    return (f"the reference workload's time moved by more than {limit:.0%} between the start and the end of "
+            f"profiling on {listed}{more}: the machine's speed changed while it was profiled (other work on its "
+            "cores), so events measured at different times do not agree")  # fmt: skip
 
 
 def load_warnings(ranks: Iterable[dict[str, Any]], limit: float = DRIFT_LIMIT,
@@ -80,10 +82,10 @@ def load_warnings(ranks: Iterable[dict[str, Any]], limit: float = DRIFT_LIMIT,
                                host if len(hosts) > 1 else "", margin)  # fmt: skip
         if message:
             warnings.append(message)
-    for r in ranks:
-        message = drift_warning(int(r.get("rank", 0)), r.get("reference_start_s"), r.get("reference_end_s"), limit)
-        if message:
-            warnings.append(message)
+    readings = [(int(r.get("rank", 0)), r.get("reference_start_s"), r.get("reference_end_s")) for r in ranks]
+    moved = drift_warning(readings, limit)
+    if moved:
+        warnings.append(moved)
     return warnings
 
 

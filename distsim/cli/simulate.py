@@ -270,7 +270,7 @@ def _load_note(provenance: dict[str, Any]) -> str:
     if not found:
         return ""
     more = f" (and {len(found) - 1} more: distsim profile show)" if len(found) > 1 else ""
-    return f"profile load warning, its timings may be slow: {found[0]}{more}\n"
+    return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n"
 
 
 def _summary(r: Any) -> str:

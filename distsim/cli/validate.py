@@ -134,8 +134,10 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         )
         click.echo(f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
                    f"{len(val.per_stage)} (stage, F/B, micro-batch) actions")  # fmt: skip
+        if load_warnings:
+            click.echo("  the profile was measured under load; its warnings (distsim profile show):")
         for message in load_warnings:
-            click.echo(f"  profile load warning  {message} (the prediction may be off by as much)")
+            click.echo(f"    {message}")
         return
     _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples)
 
