@@ -72,6 +72,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     On one machine, emulating two nodes joined by a 1 Gbit/s link (root for --link-bandwidth):
       distsim profile --model gpt2-345m:seq=128,precision=fp32 --cluster cpu-2x1 --strategy 1M2P1D \\
           --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out cpu.json
+    Each rank times a fixed reference workload before and after, and warns when the machine was busy or its speed
+    moved (the readings are kept in the profile).
     `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
     """
     if ctx.invoked_subcommand is not None:
