@@ -20,13 +20,16 @@ from typing import Any
 
 DRIFT_LIMIT = 0.15
 """Largest change of a rank's reference time (end against start, or a new run against an earlier one) that is not
-reported. On this project's 2-core VM the reference reads within about 10 % of itself when the machine is idle and 2x
-to 4x slower with another process busy; a profile measured 15 % slow mispredicts by about as much, twice the 8 %
-batch-time target."""
+reported. Measured on this project's 2-core VM (one rank pinned to a core, 10 readings each): idle, 11.9 to 13.5 ms
+(13 % apart); a busy process on the same core, 28 to 39 ms (median 2.1x the idle 16.0 ms of that moment); other
+users' load (load average ~4), 27 to 41 ms. 15 % is above an idle machine's spread and below what any competitor
+does, and a profile 15 % slow mispredicts by about as much, twice the 8 % batch-time target. (This VM's own speed also
+wanders by more than 15 % within seconds, see the README; the warning then says so truthfully.)"""
 BUSY_MARGIN = 0.5
-"""Load average allowed above the cores the profiler's own ranks leave free, before the machine counts as busy at the
-start: the ranks' own start-up (importing torch) raises the 1-minute average by up to ~0.3, while one competing
-process that has run for a minute raises it by 0.63 (and by 1 when it keeps running)."""
+"""Load average allowed above the cores the profiler's own ranks leave free before the machine counts as busy at the
+start. The kernel's 1-minute average moves by 1 - exp(-5/60) = 0.08 per runnable process every 5 s: the launcher
+and the ranks importing torch for a few seconds add about 0.25, while one competing process that has run for a minute
+adds 0.63 (and 1 when it keeps running)."""
 
 
 def busy_warning(loadavg_1m: float | None, cores: int | None, needed_cores: int, host: str = "",
