@@ -5,7 +5,8 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
     {
       "schema": "distsim-profile", "version": 1,
       "provenance": {"device": "...", "backend": "nccl|gloo", "torch": "...", "nccl": "...", "date": "...",
-                     "runs": [{"date": ..., "command": ..., "compute_events": n, "comm_measurements": n}], ...},
+                     "load": {...}, "runs": [{"date": ..., "command": ..., "compute_events": n,
+                                              "comm_measurements": n, "load": {...}}], ...},
       "compute": {"<compute event key>": {"mean_s": 1.3e-3, "median_s": 1.2e-3, "p10_s": ..., "p90_s": ...,
                                           "repeats": 20, "flops": 1.0e9}},
       "comm": [{"collective": "all_reduce", "scope": "intra", "group_size": 2, "bytes": 1048576,
@@ -17,10 +18,12 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
                         "comm_slowdown": 0.6}]
     }
 
-Compute keys are ``ComputeEvent.key`` strings (see ``distsim.costs``), so the profiler and the simulator agree by
-construction. Collectives are ``all_reduce``, ``all_gather``, ``reduce_scatter`` and ``p2p``; scope is ``intra`` or
-``inter``. Fits are derived from the measurements (least squares, alpha and beta kept >= 0) and recomputed whenever
-profiles are merged. This module is pure: reading and writing files lives in ``distsim.io``.
+``load`` holds each rank's reference-workload time before and after profiling and the machine's load average
+(see ``distsim.machine_load``); the top-level one is the latest run's. Compute keys are ``ComputeEvent.key`` strings
+(see ``distsim.costs``), so the profiler and the simulator agree by construction. Collectives are ``all_reduce``,
+``all_gather``, ``reduce_scatter`` and ``p2p``; scope is ``intra`` or ``inter``. Fits are derived from the
+measurements (least squares, alpha and beta kept >= 0) and recomputed whenever profiles are merged. This module is
+pure: reading and writing files lives in ``distsim.io``.
 """
 
 from __future__ import annotations

@@ -87,3 +87,47 @@ def test_a_rank_failing_mid_run_ends_every_rank_and_writes_no_trace(
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("distsim: error: execution") and expect in last
     assert not out.exists() and not (tmp_path / "t.chrome.json").exists()
+
+
+def test_device_warning_names_both_devices_and_the_fix() -> None:
+    from distsim.cli.execute import device_warning
+
+    message = device_warning("intel.json", "Intel(R) Xeon(R) Processor", "AMD EPYC", "distsim profile --out m.json",
+                             "m.json")  # fmt: skip
+    assert message is not None
+    assert "intel.json was measured on 'Intel(R) Xeon(R) Processor', this machine is 'AMD EPYC'" in message
+    assert "`distsim profile --out m.json`" in message and "--profile m.json" in message
+    assert device_warning("p.json", "AMD EPYC", "AMD EPYC", "c", "m.json") is None
+    assert device_warning("p.json", None, "AMD EPYC", "c", "m.json") is None  # no provenance: nothing to compare
+
+
+def test_execute_with_a_profile_of_another_device_warns_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's loop on another machine: the warning comes before anything runs (here the run then stops at an
+    unwritable --out), with a profile command distsim accepts."""
+    import shlex
+
+    from distsim.profiler.compute import local_device_name
+    from tests.util import run_cli
+
+    data = json.loads(Path("profiles/cpu-gloo.json").read_text())
+    readme = ["execute", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--schedule", "1f1b",
+              "--micro-batches", "8", "--emulate-nodes", "2", "--procs-per-node", "1", "--link-bandwidth", "1gbit",
+              "--out", str(tmp_path / "missing" / "mine.json")]  # fmt: skip
+    for device in (local_device_name(), "Another CPU"):
+        data["provenance"]["device"] = device
+        profile = tmp_path / "p.json"
+        profile.write_text(json.dumps(data))
+        code, _, err = run_cli([*readme, "--profile", str(profile)], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and lines[-1].startswith("distsim: error:") and "cannot write there" in lines[-1], err
+        assert ("warning:" in err) == (device == "Another CPU"), err
+    assert lines[0].startswith(f"warning: {profile} was measured on 'Another CPU', this machine is ")
+    command = shlex.split(lines[0].split("`")[3])
+    assert command[:2] == ["distsim", "profile"] and command[command.index("--strategy") + 1] == "1M2P1D"
+    assert " ".join(command[command.index("--emulate-nodes") :]).startswith(
+        "--emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out "
+    )
+    code, _, err = run_cli([*command[1:], "--dry-run"], capsys)
+    assert code == 0, err

@@ -39,6 +39,13 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     assert any(k.endswith("/tp=2/fp32") for k in db["compute"])  # tensor-parallel shards were measured
     groups = {(f["collective"], f["scope"], f["group_size"]) for f in db["fits"]}
     assert {("all_reduce", "intra", 2), ("p2p", "intra", 2)} <= groups
+    # every rank timed the reference workload before and after, and read the machine's load at the start
+    load = db["provenance"]["load"]
+    assert load == db["provenance"]["runs"][0]["load"] and "matmuls" in load["workload"]
+    assert [r["rank"] for r in load["ranks"]] == [0, 1] and isinstance(load["warnings"], list)
+    for r in load["ranks"]:
+        assert r["reference_start_s"] > 0 and r["reference_end_s"] > 0 and r["cores"] >= 1
+        assert r["loadavg_1m"] >= 0 and r["cpu_threads"] == 1
     for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):
         sim = distsim("simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
                       "--micro-batches", "2", "--profile", str(out), "--strict", "--json")  # fmt: skip
@@ -47,6 +54,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
         assert "analytic" not in result["event_sources"] and result["event_sources"].get("measured", 0) > 0
     show = distsim("profile", "show", str(out))
     assert show.returncode == 0 and "all_reduce" in show.stdout and "gloo" in show.stdout
+    assert "reference workload" in show.stdout and "rank 1 on " in show.stdout and "load average" in show.stdout
 
     # profiling more extends the profile: new events are added, the run is recorded
     single = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batch-size",
@@ -58,6 +66,8 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     assert more.returncode == 0, more.stderr
     extended = json.loads(out.read_text())
     assert set(db["compute"]) < set(extended["compute"]) and len(extended["provenance"]["runs"]) == 2
+    first, second = extended["provenance"]["runs"]
+    assert first["load"] == load and len(second["load"]["ranks"]) == 2  # each run keeps its own readings
     assert any("/mbs=2/" in k for k in extended["compute"])
 
 

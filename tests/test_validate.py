@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -88,6 +89,48 @@ def test_mismatched_trace_and_profile_are_refused(tmp_path: Path, capsys: pytest
     bad.write_text('{"schema": "distsim-trace", "version": 1, "plan": {"model": "x"}}')
     code, _, err = run(["validate", "--trace", str(bad)], capsys)
     assert code == 2 and "the plan must give" in err
+
+
+def test_a_profile_of_another_device_is_refused_with_the_commands_that_fix_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's loop on another machine: the error names the command that profiles the trace's plan there (as
+    the trace was launched) and the validate command to rerun."""
+    trace_data = json.loads(Path("traces/gpt2-cpu-2x1-1M2P1D-1f1b-M4.json").read_text())
+    trace = tmp_path / "mine.json"
+    trace.write_text(json.dumps(trace_data))
+    profile_data = json.loads(Path("profiles/validation/gpt2-cpu-2x1.json").read_text())
+    profile_data["provenance"]["device"] = "AMD EPYC"
+    profile = tmp_path / "intel.json"
+    profile.write_text(json.dumps(profile_data))
+    code, _, err = run(["validate", "--trace", str(trace), "--profile", str(profile)], capsys)
+    assert code == 2 and err.startswith("distsim: error: ") and "Traceback" not in err, err
+    assert "was measured on 'Intel(R) Xeon(R) Processor'" in err and f"{profile} on 'AMD EPYC'" in err
+    profile_cmd, validate_cmd = (shlex.split(c) for c in err.split("`")[1:4:2])
+    plan = trace_data["plan"]
+    out = profile_cmd[profile_cmd.index("--out") + 1]
+    assert profile_cmd[:2] == ["distsim", "profile"] and out.endswith(".json")
+    expected = {"--model": "gpt2-cpu", "--cluster": "cpu-2x1", "--strategy": plan["strategy"], "--emulate-nodes": "2",
+                "--procs-per-node": "1", "--link-bandwidth": "1gbit"}  # fmt: skip
+    for flag, value in expected.items():
+        assert profile_cmd[profile_cmd.index(flag) + 1] == value, (flag, profile_cmd)
+    assert validate_cmd == ["distsim", "validate", "--trace", str(trace), "--profile", out]
+    code, _, err = run([*profile_cmd[1:], "--dry-run"], capsys)  # the command is one distsim accepts
+    assert code == 0 and "distinct" in err, err
+
+
+def test_the_profile_command_without_emulation_runs_under_torchrun() -> None:
+    from distsim.cli.common import profile_command, profile_out_name
+
+    assert profile_out_name("/home/me/my model.json", "cpu-2x1") == "profile-my-model-cpu-2x1.json"
+    alone = profile_command("gpt2-cpu", "cpu-1x2", Strategy(), "p.json")
+    assert alone == "distsim profile --model gpt2-cpu --cluster cpu-1x2 --strategy 1M1P1D --out p.json"
+    s = Strategy(tp=8, pp=2, num_micro_batches=4, schedule="gpipe")
+    nodes = profile_command("gpt2-345m", "dgx-a100", s, "p.json", nodes=2, world=16, run_nodes=2)
+    assert nodes.startswith("torchrun --nnodes 2 --nproc-per-node 8 --node-rank K --rdzv-endpoint HOST:PORT -m ")
+    assert "--nodes 2 --strategy 8M2P1D --schedule gpipe --micro-batches 4 --out p.json" in nodes
+    wfbp = profile_command("gpt2-cpu", "cpu-1x2", Strategy(dp=2, grad_sync="wfbp"), "p.json")
+    assert "--strategy 'tp=1 pp=1 dp=2 mbs=1 mb=1 schedule=1f1b sync=wfbp' --out" in wfbp  # no option says wfbp
 
 
 @pytest.mark.slow

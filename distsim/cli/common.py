@@ -166,6 +166,65 @@ def invoked_command() -> str:
     return "distsim " + " ".join(sys.argv[1:])
 
 
+def profile_out_name(model: str, cluster: str) -> str:
+    """A profile file name for a model on a cluster, in the current directory: ``profile-gpt2-cpu-cpu-2x1.json``."""
+    import os
+
+    def slug(name: str) -> str:
+        if os.path.exists(name) or name.endswith((".json", ".py", ".yaml", ".yml")):
+            name = os.path.splitext(os.path.basename(name))[0]
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+
+    return f"profile-{slug(model)}-{slug(cluster)}.json"
+
+
+def strategy_args(strategy: Any) -> list[str]:
+    """Options of ``distsim profile`` that give `strategy` exactly: ``--strategy 1M2P1D --micro-batches 8 ...`` where
+    those options can say everything, else its readable form (``--strategy 'tp=1 pp=1 dp=2 ... sync=wfbp'``)."""
+    from distsim.strategy import Strategy
+
+    default = Strategy(strategy.tp, strategy.pp, strategy.dp, strategy.micro_batch_size, strategy.num_micro_batches,
+                       strategy.schedule)  # fmt: skip
+    if default != strategy:  # a partition, virtual stages, policy, D or wfbp: only the readable form has them
+        return ["--strategy", strategy.describe()]
+    args = ["--strategy", str(strategy)]
+    if strategy.pp > 1:
+        args += ["--schedule", strategy.schedule]
+    if strategy.num_micro_batches > 1:
+        args += ["--micro-batches", str(strategy.num_micro_batches)]
+    if strategy.micro_batch_size > 1:
+        args += ["--micro-batch-size", str(strategy.micro_batch_size)]
+    return args
+
+
+def profile_command(model: str, cluster: str, strategy: Any, out: str, *, nodes: int | None = None,
+                    emulation: dict[str, Any] | None = None, world: int = 1, run_nodes: int = 1) -> str:  # fmt: skip
+    """The shell command that profiles every event of one plan's `strategy` on this machine.
+
+    `nodes` overrides the cluster's node count when given. With the `emulation` a run recorded
+    (``Emulation.to_dict``), the ranks are launched the same way on this machine; without one, a plan of several ranks
+    runs under torchrun (run on each of its `run_nodes` nodes, K = its rank).
+    """
+    import shlex
+
+    args = ["--model", model, "--cluster", cluster]
+    if nodes is not None:
+        args += ["--nodes", str(nodes)]
+    args += strategy_args(strategy)
+    if emulation:
+        args += ["--emulate-nodes", str(emulation.get("nodes", 1)),
+                 "--procs-per-node", str(emulation.get("procs_per_node", 1))]  # fmt: skip
+        if emulation.get("link_bandwidth"):
+            args += ["--link-bandwidth", str(emulation["link_bandwidth"])]
+    args += ["--out", out]
+    text = " ".join(shlex.quote(a) for a in args)
+    if emulation or world <= 1:
+        return f"distsim profile {text}"
+    per_node = max(1, world // max(run_nodes, 1))
+    return (f"torchrun --nnodes {run_nodes} --nproc-per-node {per_node} --node-rank K --rdzv-endpoint HOST:PORT "
+            f"-m distsim profile {text}")  # fmt: skip
+
+
 class Progress:
     """A progress line on stderr: redrawn in place on a terminal, a line every 10% otherwise."""
 

@@ -72,6 +72,7 @@ def execute(**kw: Any) -> None:
     overrides, _ = strategy_overrides(kw)
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
     check_strategy(strategy, model, cluster)
+    planned = strategy  # as given: a new profile may balance another partition
     costs = load_costs(cluster, kw["profile_path"])
     ranges = resolve_partition(model, strategy, costs)
     if strategy.partition is None:
@@ -88,6 +89,10 @@ def execute(**kw: Any) -> None:
     if ranks != strategy.num_gpus:
         raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
                            "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
+    if kw["profile_path"] and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
+        warning = _profile_device_check(kw, planned, emulation, torchrun)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
 
     cfg = ExecuteConfig(
         model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
@@ -124,3 +129,31 @@ def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, 
         f"{cluster.gpu.memory_bytes / 1e9:.0f} GB of a {cluster.gpu.name} of {cluster.name} (distsim simulate shows "
         "the breakdown); --force runs it anyway"
     )
+
+
+def device_warning(profile_path: str, profiled_on: str | None, here: str, profile_cmd: str, out: str) -> str | None:
+    """Why a profile of another device will not predict a run on this one, and what to do; None if it matches."""
+    if not profiled_on or profiled_on == here:
+        return None
+    return (f"{profile_path} was measured on {profiled_on!r}, this machine is {here!r}: its timings will not predict "
+            f"this run, and `distsim validate` will refuse to compare them with the trace. Profile this machine "
+            f"first, `{profile_cmd}`, then execute again with --profile {out}")  # fmt: skip
+
+
+def _profile_device_check(kw: dict[str, Any], strategy: Any, emulation: Any, torchrun: bool) -> str | None:
+    """device_warning for --profile against this machine's device (named as the profiler names it)."""
+    from distsim.cli.common import profile_command, profile_out_name
+    from distsim.io import load_profile
+    from distsim.profiler.compute import local_device_name
+
+    profiled_on = load_profile(kw["profile_path"]).provenance.get("device")
+    here = local_device_name()
+    if not profiled_on or profiled_on == here:
+        return None
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else strategy.num_gpus
+    run_nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1
+    out = profile_out_name(kw["model_name"], kw["cluster_name"])
+    command = profile_command(kw["model_name"], kw["cluster_name"], strategy, out, nodes=kw["nodes"],
+                              emulation=emulation.to_dict() if emulation else None, world=world,
+                              run_nodes=run_nodes)  # fmt: skip
+    return device_warning(kw["profile_path"], profiled_on, here, command, out)

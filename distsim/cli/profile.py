@@ -73,6 +73,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     On one machine, emulating two nodes joined by a 1 Gbit/s link (root for --link-bandwidth):
       distsim profile --model gpt2-345m:seq=128,precision=fp32 --cluster cpu-2x1 --strategy 1M2P1D \\
           --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out cpu.json
+    Each rank times a fixed reference workload before and after, and warns when the machine was busy or its speed
+    moved (the readings are kept in the profile).
     `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
     """
     if ctx.invoked_subcommand is not None:
@@ -130,14 +132,14 @@ def profile(ctx: click.Context, **kw: Any) -> None:
                    "--overwrite replaces it)", err=True)  # fmt: skip
     torch = need_torch("profile")
     if existing is not None:
-        from distsim.profiler.compute import device_name
+        from distsim.profiler.compute import local_device_name
         from distsim.profiler.worker import usable_cores
 
         world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
         local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
         cuda = torch.cuda.is_available()
         planned = {
-            "device": device_name(torch.device("cuda:0" if cuda else "cpu")),
+            "device": local_device_name(),
             "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
             "backend": ("nccl" if cuda else "gloo") if world > 1 and not kw["no_comm"] else "none",
         }
@@ -185,6 +187,7 @@ def _profile_cost_report(found: Any, db: Any) -> str:
 def profile_show(path: str, as_json: bool) -> None:
     """Summarise a profile database: provenance, compute events, communication fits."""
     from distsim.io import load_profile
+    from distsim.machine_load import describe_load
 
     db = load_profile(path)
     if as_json:
@@ -203,6 +206,12 @@ def profile_show(path: str, as_json: bool) -> None:
             layout += f", link {run['emulation']['link_bandwidth']}"
         counts = f"{run.get('compute_events')} compute, {run.get('comm_measurements')} comm"
         click.echo(f"  run {run.get('date')} ({layout}): {counts} in {run.get('seconds')} s  {run.get('model', '')}")
+        if run.get("load"):
+            click.echo(f"    reference workload ({run['load'].get('workload', '?')}), before and after profiling:")
+            for line in describe_load(run["load"]):
+                click.echo(f"      {line}")
+            for message in run["load"].get("warnings", []):
+                click.echo(f"    warning: {message}")
     ops: dict[str, int] = {}
     for key in db.compute:
         op = key.split("[", 1)[0].split("/", 1)[0]

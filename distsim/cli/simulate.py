@@ -215,6 +215,7 @@ def simulate(**kw: Any) -> None:
     if provenance is not None:
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
         click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})", err=report)
+        click.echo(_load_note(provenance), nl=False, err=report)
     if kw["show_schedule"]:
         from distsim.schedules import format_grid
 
@@ -263,6 +264,17 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
 
         ax = gantt(result.timeline, title=f"{title}: {fmt_time(result.iteration_time_s)} per iteration")
         write_figure(kw["plot_path"], ax.figure)
+
+
+def _load_note(provenance: dict[str, Any]) -> str:
+    """A line when the profile recorded that the machine was loaded while it was measured ('' if not)."""
+    from distsim.machine_load import recorded_warnings
+
+    found = recorded_warnings(provenance)
+    if not found:
+        return ""
+    more = f" (and {len(found) - 1} more: distsim profile show)" if len(found) > 1 else ""
+    return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n"
 
 
 def _summary(r: Any) -> str:

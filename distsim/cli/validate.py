@@ -12,12 +12,14 @@ from distsim.cli.common import check_outputs
 from distsim.errors import DistsimError
 
 
-def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any]:
-    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace."""
+def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any, list[str]]:
+    """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace; also
+    the load warnings the profile recorded while it was measured."""
     from distsim.costs import AnalyticCosts, ProfileCosts
     from distsim.errors import ProfileError
     from distsim.events import FlowOptions
     from distsim.io import load_cluster, load_model, load_profile, load_trace
+    from distsim.machine_load import recorded_warnings
     from distsim.simulate import simulate
     from distsim.strategy import Strategy
     from distsim.trace import TraceError
@@ -33,12 +35,16 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy = Strategy.from_str(plan["strategy"])
     costs: Any = AnalyticCosts(cluster)
+    load_warnings: list[str] = []
     if profile_path:
         db = load_profile(profile_path)
         measured_on, profiled_on = trace.provenance.get("device"), db.provenance.get("device")
         if measured_on and profiled_on and measured_on != profiled_on:
-            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}")
+            advice = _reprofile_advice(path, plan)
+            raise TraceError(f"{path} was measured on {measured_on!r} but {profile_path} on {profiled_on!r}, and a "
+                             f"profile predicts only the device it was measured on: {advice}")  # fmt: skip
         costs = ProfileCosts(db, costs, strict=True)
+        load_warnings = recorded_warnings(db.provenance)
     options = FlowOptions(p2p_blocking=bool(plan["p2p_blocking"]))
     try:
         result = simulate(model, cluster, strategy, costs, options, samples=samples)
@@ -48,7 +54,29 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
     val = validate_timelines(result.timeline, measured, result.iteration_time_s)
     val.deterministic_s = mean_durations.iteration_time_s
-    return trace, result, val
+    return trace, result, val, load_warnings
+
+
+def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
+    """What to run on the machine a trace was measured on: profile the trace's plan there, then validate with it."""
+    import shlex
+
+    from distsim.cli.common import profile_command, profile_out_name
+    from distsim.io import load_cluster
+    from distsim.strategy import Strategy
+
+    preset = load_cluster(plan["cluster"])
+    nodes = int(plan["nodes"])
+    strategy = Strategy.from_str(plan["strategy"])  # with the partition it ran: the exact p2p sizes
+    out = profile_out_name(plan["model"], plan["cluster"])
+    command = profile_command(plan["model"], plan["cluster"], strategy, out,
+                              nodes=nodes if nodes != preset.nodes else None, emulation=plan.get("emulation"),
+                              world=strategy.num_gpus, run_nodes=nodes)  # fmt: skip
+    where = " on every node (K = 0, 1, ...)" if command.startswith("torchrun") else ""
+    return (
+        f"profile the machine the trace ran on first, `{command}`{where}, then rerun "
+        f"`distsim validate --trace {shlex.quote(path)} --profile {shlex.quote(out)}`"
+    )
 
 
 @cli.command()
@@ -84,7 +112,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     if csv_path and not suite_dir:
         raise click.UsageError("--csv writes the suite table: give --suite [DIR]")
     if trace_path:
-        trace, result, val = _validate_one(trace_path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(trace_path, profile_path, samples)
         if plot_path:
             from distsim.io import write_figure
             from distsim.plots import compare_gantt
@@ -93,7 +121,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
             write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
         if as_json:
-            click.echo(json.dumps({"trace": trace_path, **val.to_dict()}, indent=2))
+            click.echo(json.dumps({"trace": trace_path, **val.to_dict(), "profile_load_warnings": load_warnings},
+                                  indent=2))  # fmt: skip
             return
         lines = [
             f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}",
@@ -110,6 +139,9 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
             f"{len(val.per_stage)} (stage, F/B, micro-batch) actions",
         ]
+        if load_warnings:
+            lines.append("  the profile was measured under load; its warnings (distsim profile show):")
+        lines += [f"    {message}" for message in load_warnings]
         click.echo("\n".join(lines), err=report)
         return
     _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples, report)
@@ -129,8 +161,11 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
     if not paths:
         raise DistsimError(f"no traces (*.json) in {directory}")
     rows = []
+    warned: set[str] = set()
     for path in paths:
-        trace, result, val = _validate_one(path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(path, profile_path, samples)
+        if load_warnings:
+            warned.add(profile_path or str(trace.plan.get("profile")))
         s: Strategy = result.strategy
         emulation = trace.plan.get("emulation") or {}
         layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
@@ -158,8 +193,12 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         "gpu_error_max_%": round(max(table["gpu_err_%"]), 2),
     }  # fmt: skip
     if as_json:
-        click.echo(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        click.echo(json.dumps({"summary": summary, "rows": rows, "profiles_with_load_warnings": sorted(warned)},
+                              indent=2))  # fmt: skip
         return
     with pd.option_context("display.max_rows", None, "display.width", 200):
         click.echo(table.to_string(index=False), err=report)
     click.echo("\n" + ", ".join(f"{k} {v}" for k, v in summary.items()), err=report)
+    if warned:
+        click.echo("profiles that recorded load warnings (distsim profile show): " + ", ".join(sorted(warned)),
+                   err=report)  # fmt: skip

@@ -64,6 +64,11 @@ def device_name(device: torch.device | str) -> str:
     return str(dev)
 
 
+def local_device_name() -> str:
+    """The device this machine's ranks run on, named as profiles and traces record it: the first GPU, else the CPU."""
+    return device_name(torch.device("cuda:0" if torch.cuda.is_available() else "cpu"))
+
+
 def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
     """FLOP formulas torch lacks: its CPU fused attention kernel (``_scaled_dot_product_flash_attention_for_cpu``)
     is not in FlopCounterMode's registry, so SDPA on CPU would count 0. The CUDA kernels' formulas are reused (full

@@ -17,6 +17,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,7 @@ def run(cfg: ProfileConfig) -> None:
     from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
     from distsim.profiler.compute import device_name, time_compute_event
     from distsim.profiler.optim import time_optimizer_step
+    from distsim.profiler.reference import machine_load
     from distsim.strategy import Strategy
 
     started = time.perf_counter()
@@ -109,8 +111,11 @@ def run(cfg: ProfileConfig) -> None:
     if world % local_world:
         raise DistsimError(f"WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}")
     nodes = world // local_world
+    # the machine's load and cores, read before the rank is pinned to its core
+    reading: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), **machine_load()}
     device = init_rank(local_rank, local_world, world, cfg.timeout_s)
     cuda = device.type == "cuda"
+    reading["cpu_threads"] = None if cuda else torch.get_num_threads()
     log = _log if rank == 0 else (lambda _m: None)
     backend = dist.get_backend() if world > 1 else ("nccl" if cuda else "none")
 
@@ -126,6 +131,7 @@ def run(cfg: ProfileConfig) -> None:
     if world > 1:
         dist.broadcast_object_list(shared, src=0)
     known, known_comm = set(shared[0]), {tuple(x) for x in shared[1]}
+    load = _reference_at_start(reading, device, world, existing, log)
 
     # ------------------------------------------------------------------------------------------------ compute
     compute_events = sorted((k, e) for k, e in found.measurable_compute.items() if k not in known)
@@ -184,11 +190,12 @@ def run(cfg: ProfileConfig) -> None:
                 interference.append(found_i)
     if world > 1:
         dist.barrier()  # every rank finished: only now may rank 0 write
+    _reference_at_end(load, reading, device, world, log)
 
     if rank == 0:
         elapsed = time.perf_counter() - started
         provenance = _provenance(cfg, torch, device, backend, world, local_world, nodes, elapsed, len(results),
-                                 len(comm), device_name(device))  # fmt: skip
+                                 len(comm), device_name(device), load)  # fmt: skip
         if skipped:
             provenance["not_profiled"] = skipped
         db = ProfileDB(
@@ -204,8 +211,60 @@ def run(cfg: ProfileConfig) -> None:
         dist.destroy_process_group()
 
 
+def _gather(obj: Any, world: int) -> list[Any]:
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _reference_at_start(reading: dict[str, Any], device: Any, world: int, existing: Any,
+                        log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Every rank times the reference workload at once (as they will profile); rank 0 warns when the machine was
+    busy, or, extending a profile, when the machine is now faster or slower than when the profile was measured."""
+    import statistics
+
+    from distsim.machine_load import DRIFT_LIMIT, extension_warning, load_warnings
+    from distsim.profiler.reference import reference_workload, time_reference
+
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    reading["reference_start_s"] = round(time_reference(device), 7)
+    ranks = sorted(_gather(reading, world), key=lambda r: r["rank"])
+    load: dict[str, Any] = {"workload": reference_workload(device), "drift_limit": DRIFT_LIMIT, "ranks": ranks}
+    warnings = load_warnings(ranks)
+    if existing is not None:
+        now_s = statistics.fmean(r["reference_start_s"] for r in ranks)
+        changed = extension_warning(existing.provenance.get("runs", []), load["workload"], now_s)
+        warnings += [changed] if changed else []
+    for message in warnings:
+        log(f"warning: {message}")
+    load["warnings"] = warnings
+    return load
+
+
+def _reference_at_end(load: dict[str, Any], reading: dict[str, Any], device: Any, world: int,
+                      log: Callable[[str], None]) -> None:  # fmt: skip
+    """Every rank times the reference again; rank 0 records both readings per rank and warns when one moved."""
+    from distsim.machine_load import load_warnings
+    from distsim.profiler.reference import time_reference
+
+    reading["reference_end_s"] = round(time_reference(device), 7)
+    load["ranks"] = sorted(_gather(reading, world), key=lambda r: r["rank"])
+    for message in load_warnings(load["ranks"]):
+        if message not in load["warnings"]:
+            log(f"warning: {message}")
+            load["warnings"].append(message)
+
+
 def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world: int, local_world: int, nodes: int,
-                elapsed: float, n_compute: int, n_comm: int, name: str) -> dict[str, Any]:  # fmt: skip
+                elapsed: float, n_compute: int, n_comm: int, name: str,
+                load: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     prov: dict[str, Any] = {
         "device": name,
@@ -223,6 +282,9 @@ def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world
                   "emulation": cfg.emulation or None, "compute_events": n_compute, "comm_measurements": n_comm,
                   "seconds": round(elapsed, 1)}],
     }  # fmt: skip
+    if load is not None:
+        prov["load"] = load
+        prov["runs"][0]["load"] = load
     if device.type == "cuda":
         prov["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     if world == 1:
