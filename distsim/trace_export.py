@@ -75,9 +75,15 @@ class TraceEstimate:
 def _codes(series: pd.Series) -> tuple[np.ndarray, list[str]]:
     """Integer codes and their labels, for categorical and plain columns alike."""
     if isinstance(series.dtype, pd.CategoricalDtype):
-        return series.cat.codes.to_numpy(np.int64), [str(c) for c in series.cat.categories]
+        return series.cat.codes.to_numpy(), [str(c) for c in series.cat.categories]
     codes, uniques = pd.factorize(series.astype(str), sort=False)
     return codes.astype(np.int64), [str(u) for u in uniques]
+
+
+def _ints(series: pd.Series) -> np.ndarray:
+    """An integer column without a copy where it already is one (int32 in simulated timelines)."""
+    values = series.to_numpy()
+    return values if np.issubdtype(values.dtype, np.integer) else values.astype(np.int64)
 
 
 def _combine(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +95,7 @@ def _combine(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for col in columns:
         lo, span = int(col.min()), int(col.max()) - int(col.min()) + 1
         radix *= span
-        key = key * span + (col - lo)
+        key = key * span + (col.astype(np.int64) - lo)
     if radix >= 1 << 62:  # the mixed-radix key would overflow: group the rows as tuples instead
         _, first, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
     else:
@@ -110,9 +116,7 @@ class TraceSource:
         self.stream, stream_names = _codes(df["stream"])
         self.kind, self.kind_names = _codes(df["kind"])
         self.name, self.name_names = _codes(df["name"])
-        self.layer = df["layer"].to_numpy(np.int64)
-        self.stage = df["stage"].to_numpy(np.int64)
-        self.microbatch = df["microbatch"].to_numpy(np.int64)
+        self.layer, self.stage, self.microbatch = (_ints(df[c]) for c in ("layer", "stage", "microbatch"))
         present = {stream_names[c] for c in np.unique(self.stream)}
         self.streams = [s for s in STREAM_ORDER if s in present] + sorted(present - set(STREAM_ORDER))
         self.tid = np.full(len(stream_names), -1, dtype=np.int64)  # stream code -> thread id (JSON)
@@ -338,7 +342,7 @@ def _proto_template(src: TraceSource, rep: int, idx: np.ndarray | None = None) -
         .uint_field(pf.EVENT_TYPE, np.full(n, pf.TYPE_SLICE_BEGIN))
         .const(pf.key(pf.EVENT_TRACK_UUID, pf.VARINT)).mark("begin_uuid").varint(uuid0)
         .uint_field(pf.EVENT_NAME_IID, src.name_iids[0][idx])
-        .uint_field(pf.EVENT_CATEGORY_IIDS, src.kind[idx] + 1)
+        .uint_field(pf.EVENT_CATEGORY_IIDS, src.kind[idx].astype(np.int64) + 1)
         .message(pf.EVENT_DEBUG_ANNOTATIONS, annotation(1, src.stage[idx]))
         .message(pf.EVENT_DEBUG_ANNOTATIONS, annotation(2, layer), present=layer >= 0)
         .message(pf.EVENT_DEBUG_ANNOTATIONS, annotation(3, mb), present=mb >= 0)
