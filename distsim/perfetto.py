@@ -115,12 +115,13 @@ def interned_entries(field_number: int, names: list[str]) -> bytes:
     )
 
 
+_VARINT_LIMITS = np.asarray([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
 def varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Varints of an integer array: an (n, width) uint8 matrix (each row left-aligned) and each row's length."""
     v = np.asarray(values).astype(np.int64).astype(np.uint64)  # negatives: two's complement, as int64 fields
-    lengths = np.ones(len(v), dtype=np.int64)
-    for k in range(1, 10):
-        lengths += v >= np.uint64(1 << (7 * k))
+    lengths = np.searchsorted(_VARINT_LIMITS, v, side="right").astype(np.int64) + 1
     width = int(lengths.max()) if len(v) else 1
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     matrix = ((v[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
@@ -148,7 +149,10 @@ class Records:
         self.parts.append(varints(values))
         return self
 
-    def uint_field(self, field_number: int, values: np.ndarray) -> Records:
+    def uint_field(self, field_number: int, values: np.ndarray | int) -> Records:
+        """A varint field: one value per row, or the same value (an int) in every row."""
+        if isinstance(values, int):
+            return self.const(uint_field(field_number, values))
         return self.const(key(field_number, VARINT)).varint(values)
 
     def mark(self, name: str) -> Records:

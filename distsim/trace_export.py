@@ -178,6 +178,10 @@ class TraceSource:
         names = [self.display_name(int(self.name[i]), int(self.microbatch[i])) for i in first]
         return inverse + 1, names
 
+    @cached_property
+    def json_heads(self) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+        return _json_heads(self)
+
     def templates(self, make: Callable[[int], Any]) -> Iterator[tuple[int, int, Any]]:
         """(gpu, its simulated GPU, that one's template) in GPU order; a template is made once, kept while needed."""
         remaining: dict[int, int] = {}
@@ -231,33 +235,40 @@ def _json_metadata(src: TraceSource, gpu: int) -> str:
     return ",\n".join(json.dumps(e, separators=(",", ":")) for e in _metadata(src, gpu, gpu))
 
 
-def _json_template(src: TraceSource, rep: int, idx: np.ndarray | None = None) -> str:
-    """The 'X' events of one simulated GPU, each after ',\\n', with PID_MARK where the pid goes."""
-    idx = src.rows(rep) if idx is None else idx
-    if not len(idx):
-        return ""
-    ts, dur = src.times_us(idx)
-    name, kind, stream = src.name[idx], src.kind[idx], src.stream[idx]
-    layer, stage, mb = src.layer[idx], src.stage[idx], src.microbatch[idx]
-    head_of, head_first = _combine(name, np.maximum(mb, -1), kind, stream)
+def _json_heads(src: TraceSource) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+    """Every row's JSON text before its start time and after its duration, as an index into texts made once per
+    distinct (name, microbatch, kind, stream) and (stage, layer, microbatch) over the whole timeline."""
+    name, kind, stream = src.name, src.kind, src.stream
+    layer, stage, mb = src.layer, src.stage, np.maximum(src.microbatch, -1)
+    head_of, first = _combine(name, mb, kind, stream)
     heads = [
         f',\n{{"name":{json.dumps(src.display_name(int(name[i]), int(mb[i])))},'
         f'"cat":{json.dumps(src.kind_names[int(kind[i])])},"ph":"X","pid":{PID_MARK},"tid":{int(src.tid[stream[i]])},'
         '"ts":'
-        for i in head_first
+        for i in first
     ]
-    tail_of, tail_first = _combine(stage, np.maximum(layer, -1), np.maximum(mb, -1))
+    tail_of, first = _combine(stage, np.maximum(layer, -1), mb)
     tails = []
-    for i in tail_first:
+    for i in first:
         args = f'"stage":{int(stage[i])}'
         if layer[i] >= 0:
             args += f',"layer":{int(layer[i])}'
         if mb[i] >= 0:
             args += f',"microbatch":{int(mb[i])}'
         tails.append(f',"args":{{{args}}}}}')
+    return head_of, heads, tail_of, tails
+
+
+def _json_template(src: TraceSource, rep: int, idx: np.ndarray | None = None) -> str:
+    """The 'X' events of one simulated GPU, each after ',\\n', with PID_MARK where the pid goes."""
+    idx = src.rows(rep) if idx is None else idx
+    if not len(idx):
+        return ""
+    ts, dur = src.times_us(idx)
+    head_of, heads, tail_of, tails = src.json_heads
     return "".join([
         f'{heads[h]}{t!r},"dur":{d!r}{tails[a]}'
-        for h, t, d, a in zip(head_of.tolist(), ts.tolist(), dur.tolist(), tail_of.tolist(), strict=True)
+        for h, t, d, a in zip(head_of[idx].tolist(), ts.tolist(), dur.tolist(), tail_of[idx].tolist(), strict=True)
     ])  # fmt: skip
 
 
@@ -331,15 +342,11 @@ def _proto_template(src: TraceSource, rep: int, idx: np.ndarray | None = None) -
     layer, mb = src.layer[idx], src.microbatch[idx]
 
     def annotation(name_iid: int, values: np.ndarray) -> pf.Records:
-        return (
-            pf.Records(n)
-            .uint_field(pf.ANNOTATION_NAME_IID, np.full(n, name_iid))
-            .uint_field(pf.ANNOTATION_INT_VALUE, values)
-        )
+        return pf.Records(n).uint_field(pf.ANNOTATION_NAME_IID, name_iid).uint_field(pf.ANNOTATION_INT_VALUE, values)
 
     slice_begin = (
         pf.Records(n)
-        .uint_field(pf.EVENT_TYPE, np.full(n, pf.TYPE_SLICE_BEGIN))
+        .uint_field(pf.EVENT_TYPE, pf.TYPE_SLICE_BEGIN)
         .const(pf.key(pf.EVENT_TRACK_UUID, pf.VARINT)).mark("begin_uuid").varint(uuid0)
         .uint_field(pf.EVENT_NAME_IID, src.name_iids[0][idx])
         .uint_field(pf.EVENT_CATEGORY_IIDS, src.kind[idx].astype(np.int64) + 1)
@@ -349,7 +356,7 @@ def _proto_template(src: TraceSource, rep: int, idx: np.ndarray | None = None) -
     )  # fmt: skip
     slice_end = (
         pf.Records(n)
-        .uint_field(pf.EVENT_TYPE, np.full(n, pf.TYPE_SLICE_END))
+        .uint_field(pf.EVENT_TYPE, pf.TYPE_SLICE_END)
         .const(pf.key(pf.EVENT_TRACK_UUID, pf.VARINT)).mark("end_uuid").varint(uuid0)
     )  # fmt: skip
     sequence = pf.uint_field(pf.PACKET_SEQUENCE_ID, _SEQUENCE_ID)
