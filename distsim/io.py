@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -21,6 +21,10 @@ from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileEr
 from distsim.models import Model, get_model, model_from_dict
 from distsim.output import STDOUT, open_output
 from distsim.profile_db import ProfileDB
+from distsim.trace_export import WARN_BYTES
+
+if TYPE_CHECKING:
+    from distsim.timeline import Timeline
 
 
 def _looks_like_path(name: str) -> bool:
@@ -161,20 +165,52 @@ def write_json(path: str | Path, obj: Any, indent: int | None = None) -> Path:
     return _write(path, lambda fh: json.dump(obj, fh, indent=indent, separators=None if indent else (",", ":")))
 
 
-def write_chrome_trace(path: str | Path, events: Iterable[dict[str, Any]], title: str) -> Path:
-    """Stream a Chrome/Perfetto trace to disk one event at a time (memory stays flat for millions of events)."""
+def write_chrome_trace(
+    path: str | Path,
+    trace: Timeline | Iterable[dict[str, Any]],
+    title: str,
+    *,
+    expand: bool = False,
+    report: Callable[[str], None] | None = None,
+    warn_bytes: float = WARN_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Write a Chrome/Perfetto trace of a timeline, streaming (memory stays flat for millions of events).
 
-    def write(fh: Any) -> None:
-        fh.write('{"displayTimeUnit":"ms","otherData":')
-        fh.write(json.dumps({"title": title}))
-        fh.write(',"traceEvents":[\n')
-        for i, event in enumerate(events):
-            if i:
-                fh.write(",\n")
-            fh.write(json.dumps(event, separators=(",", ":")))
-        fh.write("\n]}\n")
+    The format follows the name: ``*.json.gz`` gzip-compressed JSON, ``*.pftrace`` (or ``*.perfetto-trace``)
+    Perfetto's protobuf format, anything else JSON (see :mod:`distsim.trace_export`). `expand`: every GPU's rows,
+    not one row set per group of identical GPUs. `report`, when given, gets one warning line before the write if the
+    trace is estimated above `warn_bytes` uncompressed; `progress(done, total)` is called with events written.
+    `trace` may also be trace events as dicts (JSON formats only)."""
+    from distsim.timeline import Timeline
+    from distsim.trace_export import TraceSource, estimate, trace_format, warning_text, write_trace
 
-    return _write(path, write)
+    fmt = trace_format(path)
+    if not isinstance(trace, Timeline):
+        if fmt == "pftrace":
+            raise DistsimError(f"{path}: a Perfetto protobuf trace is written from a Timeline, not from events")
+        return _write(path, lambda fh: _write_event_dicts(fh, trace, title, gz=fmt == "json.gz"), binary=True)
+    src = TraceSource(trace, expand)
+    if report is not None:
+        est = estimate(src, fmt)
+        if est.loaded_bytes > warn_bytes:
+            report(warning_text(path, est, src))
+    return _write(path, lambda fh: write_trace(fh, src, fmt, title, progress), binary=True)
+
+
+def _write_event_dicts(fh: Any, events: Iterable[dict[str, Any]], title: str, gz: bool) -> None:
+    if gz:
+        import gzip
+
+        from distsim.trace_export import GZIP_LEVEL
+
+        with gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=GZIP_LEVEL, mtime=0) as out:
+            _write_event_dicts(out, events, title, gz=False)
+        return
+    fh.write(b'{"displayTimeUnit":"ms","otherData":' + json.dumps({"title": title}).encode() + b',"traceEvents":[\n')
+    for i, event in enumerate(events):
+        fh.write((",\n" if i else "").encode() + json.dumps(event, separators=(",", ":")).encode())
+    fh.write(b"\n]}\n")
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -183,6 +219,13 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_csv(path: str | Path, df: Any) -> Path:
     return _write(path, lambda fh: df.to_csv(fh, index=False))
+
+
+def write_timeline_csv(path: str | Path, timeline: Timeline, expand: bool = False) -> Path:
+    """A timeline as CSV; `expand`: every GPU's rows, written one simulated GPU at a time (never all in memory)."""
+    from distsim.trace_export import write_csv as write_timeline
+
+    return _write(path, lambda fh: write_timeline(fh, timeline, expand))
 
 
 def write_figure(path: str | Path, fig: Any, dpi: int = 120) -> Path:

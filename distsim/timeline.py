@@ -140,35 +140,13 @@ class Timeline:
         return sorted(out, key=lambda x: x.gpu)
 
     # ------------------------------------------------------------------------------------------------- exports
-    def chrome_trace_events(self) -> Iterator[dict[str, Any]]:
-        """Trace events one by one: metadata naming each GPU (process) and stream (thread), then 'X' events in us."""
-        df = self.df
-        t0 = float(df["start_s"].min()) if not df.empty else 0.0
-        present = set(df["stream"].astype(str))
-        streams = [s for s in STREAM_ORDER if s in present] + sorted(present - set(STREAM_ORDER))
-        tid = {s: i for i, s in enumerate(streams)}
-        for rep, targets in sorted(self.represents.items()):
-            label = f"GPU {rep} (node {rep // self.gpus_per_node})"
-            if len(targets) > 1:
-                label += f" - stands for {len(targets)} GPUs: {_ranges(targets)}"
-            yield {"ph": "M", "name": "process_name", "pid": rep, "tid": 0, "args": {"name": label}}
-            yield {"ph": "M", "name": "process_sort_index", "pid": rep, "tid": 0, "args": {"sort_index": rep}}
-            for s, i in tid.items():
-                yield {"ph": "M", "name": "thread_name", "pid": rep, "tid": i, "args": {"name": s}}
-                yield {"ph": "M", "name": "thread_sort_index", "pid": rep, "tid": i, "args": {"sort_index": i}}
-        cols = [df[c].to_numpy() for c in ("gpu", "stream", "kind", "name", "layer", "stage", "microbatch")]
-        start = (df["start_s"].to_numpy() - t0) * 1e6
-        dur = (df["end_s"].to_numpy() - df["start_s"].to_numpy()) * 1e6
-        for gpu, stream, kind, name, layer, stage, mb, ts, d in zip(*cols, start, dur, strict=True):
-            args: dict[str, Any] = {"stage": int(stage)}
-            if layer >= 0:
-                args["layer"] = int(layer)
-            if mb >= 0:
-                args["microbatch"] = int(mb)
-            yield {
-                "name": f"{name} mb{mb}" if mb >= 0 else str(name), "cat": str(kind), "ph": "X", "pid": int(gpu),
-                "tid": tid[str(stream)], "ts": round(float(ts), 3), "dur": round(float(d), 3), "args": args,
-            }  # fmt: skip
+    def chrome_trace_events(self, expand: bool = False) -> Iterator[dict[str, Any]]:
+        """Trace events one by one: metadata naming each GPU (process) and stream (thread), then 'X' events in us.
+
+        `expand`: every GPU's events, as ``self.expand().chrome_trace_events()`` yields them, without expanding."""
+        from distsim.trace_export import iter_chrome_events
+
+        return iter_chrome_events(self, expand)
 
     def to_chrome_trace(self, title: str = "distsim") -> dict[str, Any]:
         """Chrome/Perfetto trace object: one process per GPU, one named thread per stream."""

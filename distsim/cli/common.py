@@ -228,17 +228,22 @@ def profile_command(model: str, cluster: str, strategy: Any, out: str, *, nodes:
 class Progress:
     """A progress line on stderr: redrawn in place on a terminal, a line every 10% otherwise."""
 
-    def __init__(self, total: int, what: str, enabled: bool = True):
-        self.total, self.what, self.enabled = total, what, enabled
+    def __init__(self, total: int, what: str, enabled: bool = True, after_s: float = 0.0):
+        self.total, self.what, self.enabled, self.after_s = total, what, enabled, after_s
         self.tty = sys.stderr.isatty()
         self.t0 = time.perf_counter()
         self.next_mark = 0.1
+        self.shown = False
 
     def __call__(self, done: int, total: int, *_: Any) -> None:
-        if not self.enabled:
+        """`after_s`: say nothing until the work has taken that long (quick work stays quiet)."""
+        if not self.enabled or total <= 0:
             return
         frac = done / total
         elapsed = time.perf_counter() - self.t0
+        if not self.shown and elapsed < self.after_s:
+            return
+        self.shown = True
         if self.tty:
             bar = "#" * int(30 * frac)
             eta = f", ~{elapsed / frac - elapsed:.0f} s left" if 0 < frac < 1 else ""
@@ -249,3 +254,16 @@ class Progress:
             click.echo(f"{done}/{total} {self.what} ({elapsed:.1f} s)", err=True)
             while self.next_mark <= frac:
                 self.next_mark += 0.1
+
+
+TRACE_FORMATS = "*.json: JSON, *.json.gz: gzip-compressed JSON, *.pftrace: Perfetto's protobuf format, ~2x smaller"
+
+
+def write_trace(path: str, timeline: Any, title: str, expand: bool = False, quiet: bool = False) -> None:
+    """Write a Chrome/Perfetto trace (format by name), warning on stderr first if it is too big for Perfetto's UI
+    and showing progress when the write takes more than a few seconds."""
+    from distsim.io import write_chrome_trace
+
+    progress = Progress(0, "trace events written", enabled=not quiet, after_s=3.0)
+    write_chrome_trace(path, timeline, title, expand=expand, report=lambda line: click.echo(line, err=True),
+                       progress=progress)  # fmt: skip

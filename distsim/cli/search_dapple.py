@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import GB, Progress, check_outputs, load_costs
+from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs, write_trace
 from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
 
@@ -45,7 +45,7 @@ def _policies(text: str) -> tuple[str, ...]:
 @click.option("--plan-out", default="dapple.plan.yaml", show_default=True, metavar="FILE",
               help="Write the chosen plan as a plan file ('' to skip).")  # fmt: skip
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Chrome/Perfetto trace of the chosen plan's simulated iteration.")  # fmt: skip
+              help=f"Chrome/Perfetto trace of the chosen plan's simulated iteration ({TRACE_FORMATS}).")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Gantt chart of the chosen plan's simulated iteration (PNG/SVG/PDF).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -66,7 +66,7 @@ def dapple(**kw: Any) -> None:
     The same on 16 single-GPU machines (config B), only Fresh First placement:
       distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
     """
-    from distsim.io import write_chrome_trace, write_figure, write_plan
+    from distsim.io import write_figure, write_plan
     from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
     from distsim.simulate import simulate
 
@@ -111,7 +111,7 @@ def dapple(**kw: Any) -> None:
             r = simulate(model, result.cluster, result.plan(best, warmup_policy=chosen.policy), costs)
             title = f"{model.name} {best.notation} (M={best.micro_batches}) on {result.cluster.name}"
             if kw["trace_path"]:
-                write_chrome_trace(kw["trace_path"], r.timeline.chrome_trace_events(), title)
+                write_trace(kw["trace_path"], r.timeline, title, quiet=quiet)
                 written.append(kw["trace_path"])
             if kw["plot_path"]:
                 from distsim.plots import gantt

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import GB, Progress, check_outputs, load_costs, parse_schedules
+from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs, parse_schedules, write_trace
 from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
 
@@ -37,7 +37,9 @@ from distsim.errors import DistsimError
 @click.option("--plan-out", default="grid-best.plan.yaml", show_default=True, metavar="FILE",
               help="Write the best configuration as a plan file ('' to skip).")  # fmt: skip
 @click.option("--trace-best", "trace_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Write the Chrome trace, Gantt chart and plan of the best --top configurations.")  # fmt: skip
+              help="Write the Chrome/Perfetto trace, Gantt chart and plan of the best --top configs.")  # fmt: skip
+@click.option("--trace-format", type=click.Choice(["json", "json.gz", "pftrace"]), default="json", show_default=True,
+              help=f"Format of the --trace-best traces ({TRACE_FORMATS}).")  # fmt: skip
 @click.option("--show-skipped", is_flag=True, help="List every skipped combination and why.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes. [default: the CPU count]")  # fmt: skip
@@ -181,7 +183,7 @@ def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str
 
 def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) -> list[str]:
     """Re-simulate the best configurations and write each one's trace, Gantt chart and plan."""
-    from distsim.io import write_chrome_trace, write_figure
+    from distsim.io import write_figure
     from distsim.plots import gantt
     from distsim.simulate import simulate
 
@@ -196,8 +198,9 @@ def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) ->
         stem = directory / f"{rank:02d}-{s}-mbs{s.micro_batch_size}-{s.schedule}"
         r = simulate(result.model, result.cluster, s, costs)
         title = f"{result.model.name} {s.describe()} on {result.cluster.name}"
-        write_chrome_trace(f"{stem}.trace.json", r.timeline.chrome_trace_events(), title)
+        trace = f"{stem}.trace.{kw['trace_format']}"
+        write_trace(trace, r.timeline, title, quiet=kw["quiet"])
         ax = gantt(r.timeline, title=f"#{rank} {title}: {r.iteration_time_s * 1e3:.1f} ms")
         write_figure(f"{stem}.png", ax.figure)
-        written += [f"{stem}.trace.json", f"{stem}.png", _write_grid_plan(f"{stem}.plan.yaml", result, point, rank, kw)]
+        written += [trace, f"{stem}.png", _write_grid_plan(f"{stem}.plan.yaml", result, point, rank, kw)]
     return written

@@ -10,12 +10,14 @@ import click
 from distsim.cli.app import cli
 from distsim.cli.common import (
     GB,
+    TRACE_FORMATS,
     check_outputs,
     fmt_time,
     load_costs,
     load_model_and_cluster,
     parse_stragglers,
     strategy_overrides,
+    write_trace,
 )
 from distsim.errors import DistsimError
 
@@ -135,7 +137,7 @@ from distsim.errors import DistsimError
     "trace_path",
     type=click.Path(dir_okay=False),
     metavar="FILE",
-    help="Write a Chrome/Perfetto trace (JSON).",
+    help=f"Write a Chrome/Perfetto trace, in the format its name gives ({TRACE_FORMATS}).",
 )
 @click.option(
     "--plot",
@@ -148,7 +150,8 @@ from distsim.errors import DistsimError
 @click.option(
     "--all-gpus",
     is_flag=True,
-    help="Write every GPU's rows to --trace/--csv (default: one row set per group of identical GPUs).",
+    help="Write every GPU's rows to --trace/--csv (default: one row set per group of identical GPUs); large: "
+    "prefer a *.pftrace trace.",
 )
 @click.option("--show-schedule", is_flag=True, help="Also print the schedule as a step x rank grid.")
 def simulate(**kw: Any) -> None:
@@ -243,22 +246,15 @@ def _load_plan_for(kw: dict[str, Any]) -> Any:
 
 
 def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
-    from distsim.io import write_chrome_trace, write_csv, write_figure
+    from distsim.io import write_figure, write_timeline_csv
 
     if not (kw["trace_path"] or kw["csv_path"] or kw["plot_path"]):
         return
-    if kw["all_gpus"] and result.events_total > 1_000_000 and (kw["trace_path"] or kw["csv_path"]):
-        click.echo(
-            f"writing {result.events_total:,} events for every GPU; this takes a while "
-            "(drop --all-gpus for one row set per group of identical GPUs)",
-            err=True,
-        )
-    timeline = result.full_timeline() if kw["all_gpus"] else result.timeline
     title = f"{result.model.name} {result.label} on {result.cluster.name}"
     if kw["trace_path"]:
-        write_chrome_trace(kw["trace_path"], timeline.chrome_trace_events(), title)
+        write_trace(kw["trace_path"], result.timeline, title, expand=kw["all_gpus"])
     if kw["csv_path"]:
-        write_csv(kw["csv_path"], timeline.df)
+        write_timeline_csv(kw["csv_path"], result.timeline, expand=kw["all_gpus"])
     if kw["plot_path"]:
         from distsim.plots import gantt
 

@@ -124,7 +124,7 @@ def run(cfg: ExecuteConfig) -> None:
         write_json(cfg.out, trace.to_dict())
         chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
         median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
-        write_chrome_trace(chrome, median.chrome_trace_events(), f"measured {model.name} {strategy}")
+        write_chrome_trace(chrome, median, f"measured {model.name} {strategy}")
         times = trace.iteration_times_s
         _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
              f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
