@@ -104,8 +104,8 @@ def test_device_warning_names_both_devices_and_the_fix() -> None:
 def test_execute_with_a_profile_of_another_device_warns_before_running(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's loop on another machine: the warning comes before anything runs (here the run then stops at an
-    unwritable --out), with a profile command distsim accepts."""
+    """The README's loop on another machine: the warning comes before anything runs (here the run then stops at a
+    launch of 4 ranks for a 2-rank plan), with a profile command distsim accepts."""
     import shlex
 
     from distsim.profiler.compute import local_device_name
@@ -113,21 +113,21 @@ def test_execute_with_a_profile_of_another_device_warns_before_running(
 
     data = json.loads(Path("profiles/cpu-gloo.json").read_text())
     readme = ["execute", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--schedule", "1f1b",
-              "--micro-batches", "8", "--emulate-nodes", "2", "--procs-per-node", "1", "--link-bandwidth", "1gbit",
-              "--out", str(tmp_path / "missing" / "mine.json")]  # fmt: skip
+              "--micro-batches", "8", "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "1gbit",
+              "--out", str(tmp_path / "mine.json")]  # fmt: skip
     for device in (local_device_name(), "Another CPU"):
         data["provenance"]["device"] = device
         profile = tmp_path / "p.json"
         profile.write_text(json.dumps(data))
         code, _, err = run_cli([*readme, "--profile", str(profile)], capsys)
         lines = err.strip().splitlines()
-        assert code == 2 and lines[-1].startswith("distsim: error:") and "cannot write there" in lines[-1], err
+        assert code == 2 and lines[-1].startswith("distsim: error:") and "this launch starts 4" in lines[-1], err
         assert ("warning:" in err) == (device == "Another CPU"), err
     assert lines[0].startswith(f"warning: {profile} was measured on 'Another CPU', this machine is ")
     command = shlex.split(lines[0].split("`")[3])
     assert command[:2] == ["distsim", "profile"] and command[command.index("--strategy") + 1] == "1M2P1D"
     assert " ".join(command[command.index("--emulate-nodes") :]).startswith(
-        "--emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out "
+        "--emulate-nodes 2 --procs-per-node 2 --link-bandwidth 1gbit --out "
     )
     code, _, err = run_cli([*command[1:], "--dry-run"], capsys)
     assert code == 0, err

@@ -85,14 +85,14 @@ def execute(**kw: Any) -> None:
     if kw["link_bandwidth"] and emulation is None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
-    if ranks != strategy.num_gpus:
-        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
-                           "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
     if kw["profile_path"] and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
         warning = _profile_device_check(kw, planned, emulation, torchrun)
         if warning:
             click.echo(f"warning: {warning}", err=True)
+    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
+    if ranks != strategy.num_gpus:
+        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
+                           "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
 
     cfg = ExecuteConfig(
         model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
