@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,15 @@ class _Rows:
     rest_too_wide: np.ndarray
     kinds: list[tuple[int, bool]]
     """(replicas, spans nodes) of each row's new stage: what its AR depends on."""
+    prefix_times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = ()  # type: ignore[assignment]
+    """(rows, N + 1) prefix sums of forward and backward times at the new stage's and the remainder's samples."""
+    samples_new: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """(rows, 1): samples per replica of the new stage; ``samples_rest`` the remainder's."""
+    samples_rest: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def kinds_key(self) -> tuple[tuple[int, bool], ...]:
+        return tuple(self.kinds)
 
 
 class _Search:
@@ -91,6 +101,7 @@ class _Search:
         self.boundary_first = list(firsts.values())
         self.boundary_kind = np.array([list(firsts).index(size) for size in sizes], dtype=np.int64)
         self._ar: dict[tuple[int, int, bool], np.ndarray] = {}
+        self._ar_rows: dict[tuple[int, tuple[tuple[int, bool], ...]], np.ndarray] = {}
         self._x: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = {}
         self._rows: dict[int, _Rows | None] = {}
         self.tied = sc.tied
@@ -129,6 +140,16 @@ class _Search:
                 for a in range(self.N):
                     out[a] = ar(a, self.N, m, spans)
             self._ar[key] = out
+        return out
+
+    def ar_matrix(self, start: int, rows: _Rows) -> np.ndarray:
+        """:meth:`ar_vector` of every row's new stage starting at `start`, one row each (rows of the same kinds
+        share it)."""
+        key = (start, rows.kinds_key)
+        out = self._ar_rows.get(key)
+        if out is None:
+            out = self._ar_rows[key] = np.array([self.ar_vector(start, d, k) for d, k in zip(rows.devs, rows.kinds,
+                                                                                             strict=True)])  # fmt: skip
         return out
 
     def x_row(self, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -185,6 +206,9 @@ class _Search:
                 rest_too_wide=np.array([len(r) > b for r in rests]),
                 kinds=[(len(d), len({g // self.gpn for g in d}) > 1) for d in devs_list],
             )
+            ns = np.array(self.ns)
+            out.prefix_times = (self.pf[out.n_new], self.pb[out.n_new], self.pf[out.n_rest], self.pb[out.n_rest])
+            out.samples_new, out.samples_rest = ns[out.n_new][:, None], ns[out.n_rest][:, None]
         self._rows[uid] = out
         return out
 
@@ -300,22 +324,25 @@ class _Search:
             if state + in_flight(spec, M, i, S) * act > self.cap:
                 return  # more stages only add in-flight micro-batches to this one
         J = np.arange(j + 1, N)  # split positions j'
-        C, W = len(rows.devs), len(J)
+        cols = slice(j + 1, N)  # the same as a slice: basic indexing, no copies
+        C, W = len(rows.devs), N - j - 1
         self.evaluated += C * W
-        sm, sr = rows.slow_new[:, None], rows.slow_rest[:, None]
-        Fn = (self.pf[rows.n_new][:, J] - self.pf[rows.n_new][:, [j]]) * sm
-        Bn = (self.pb[rows.n_new][:, J] - self.pb[rows.n_new][:, [j]]) * sm
-        Fr = (self.pf[rows.n_rest][:, [N]] - self.pf[rows.n_rest][:, J]) * sr
-        Br = (self.pb[rows.n_rest][:, [N]] - self.pb[rows.n_rest][:, J]) * sr
-        ARn = np.array([self.ar_vector(j, d, k) for d, k in zip(rows.devs, rows.kinds, strict=True)])[:, J]
-        ARr = rows.ar_rest[:, J]
-        X2f, X2b = rows.x2f[:, J - 1], rows.x2b[:, J - 1]
-        samples = np.array(self.ns)
+        pf_new, pb_new, pf_rest, pb_rest = rows.prefix_times
+        Fn = pf_new[:, cols] - pf_new[:, j : j + 1]
+        Bn = pb_new[:, cols] - pb_new[:, j : j + 1]
+        Fr = pf_rest[:, N : N + 1] - pf_rest[:, cols]
+        Br = pb_rest[:, N : N + 1] - pb_rest[:, cols]
+        if not self.sc.uniform_speed:  # the slowest replica sets the pace
+            sm, sr = rows.slow_new[:, None], rows.slow_rest[:, None]
+            Fn, Bn, Fr, Br = Fn * sm, Bn * sm, Fr * sr, Br * sr
+        ARn = self.ar_matrix(j, rows)[:, cols]
+        ARr = rows.ar_rest[:, cols]
+        X2f, X2b = rows.x2f[:, j : N - 1], rows.x2b[:, j : N - 1]
         k_new, k_rest = in_flight(spec, M, Sp, S), in_flight(spec, M, Sp + 1, S)
-        act_new = (self.act[J] - self.act[j])[None] * samples[rows.n_new][:, None]
-        act_rest = (self.act[N] - self.act[J])[None] * samples[rows.n_rest][:, None]
-        dead = self.state[j, J][None] + k_new * act_new > self.cap
-        rest_bad = (self.state[J, N][None] + k_rest * act_rest > self.cap) | rows.rest_too_wide[:, None]
+        act_new = (self.act[cols] - self.act[j])[None] * rows.samples_new
+        act_rest = (self.act[N] - self.act[cols])[None] * rows.samples_rest
+        dead = self.state[j, cols][None] + k_new * act_new > self.cap
+        rest_bad = (self.state[cols, N][None] + k_rest * act_rest > self.cap) | rows.rest_too_wide[:, None]
         tail: list[tuple[Any, Any, Any]] = []
         if Sp:
             x1f, x1b = self.x1(prefix[-1][2], uid)
@@ -336,14 +363,14 @@ class _Search:
             self.best = (float(ok[c, k]), first_link + c, int(J[k]))
         self.links += [(j, uid, d) for d in rows.devs]
         # targets (j', used + new) keep their best: remainder valid first, then the lower L
-        T = rows.targets[:, None]
-        tb, tl = self.bad[T, J], self.lat[T, J]
+        T = rows.targets
+        tb, tl = self.bad[T, cols], self.lat[T, cols]
         better = (np.inf > L) & ((rest_bad < tb) | ((rest_bad == tb) & (tl > L)))
         if better.any():
-            self.bad[T, J] = np.where(better, rest_bad, tb)
-            self.lat[T, J] = np.where(better, L, tl)
+            self.bad[T, cols] = np.where(better, rest_bad, tb)
+            self.lat[T, cols] = np.where(better, L, tl)
             ids = np.arange(first_link, first_link + C)[:, None]
-            self.link[T, J] = np.where(better, ids, self.link[T, J])
+            self.link[T, cols] = np.where(better, ids, self.link[T, cols])
 
     def best_stages(self) -> list[Stage] | None:
         if self.best is None:
@@ -377,7 +404,9 @@ def _latency_terms(
     # pivot scan over the tail, from the last stage backwards
     f, b, _ = tail[-1]
     Q = np.full(shape, P + len(tail) - 1)
-    TQ = np.broadcast_to(m1 * (f + b), shape)
+    TQ = m1 * (f + b)
+    if np.shape(TQ) != shape:
+        TQ = np.broadcast_to(TQ, shape)
     between: Any = 0.0
     for i in range(len(tail) - 2, -1, -1):
         f, b, _ = tail[i]
@@ -410,8 +439,8 @@ def _latency_terms(
             Q = np.where(found, np.array(final)[first], Q)
             TQ = np.where(found, np.array(Tp)[np.array(final)[first]], TQ)
     # warm-up sum F_0..F_Q, cumB[Q] and the ending maximum
-    cumF_pre = np.cumsum([0.0] + [t[0] for t in pre])  # cumF_pre[k]: F of the first k shared stages
-    cumB_pre = np.cumsum([0.0] + [t[1] for t in pre])
+    cumF_pre = np.array([0.0, *accumulate(t[0] for t in pre)])  # cumF_pre[k]: F of the first k shared stages
+    cumB_pre = np.array([0.0, *accumulate(t[1] for t in pre)])
     extra = extra or {}
     best: Any = max((t[2] - cumB_pre[k] for k, t in enumerate(pre) if k not in extra), default=-np.inf)
     for k, add in extra.items():
