@@ -22,7 +22,7 @@ from distsim.events import K_TP, S_COMPUTE, CommWriter, EventFlow, FlowOptions, 
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
 from distsim.plan import Plan, PlanError, check_plan
-from distsim.schedules import Action, build_schedule, unit_steps
+from distsim.schedules import Action, build_schedule
 
 
 def build_plan_flow(
@@ -86,7 +86,7 @@ class _PlanBuilder(CommWriter):
 
     def run(self) -> None:
         sched = self.flow.schedule
-        steps = unit_steps(sched)
+        steps = sched.steps
         order = sorted((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts)))
         for _, r, i in order:
             self.action(sched.ranks[r][i])

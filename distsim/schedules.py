@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from distsim.errors import ScheduleError
 from distsim.strategy import Strategy
@@ -56,6 +57,11 @@ class Schedule:
     def stage_rank(self, stage: int) -> int:
         """The pipeline rank that runs a (virtual) stage."""
         return stage % self.num_ranks
+
+    @cached_property
+    def steps(self) -> list[list[int]]:
+        """:func:`unit_steps` of this schedule, computed once (flow builders walk actions in this order)."""
+        return unit_steps(self)
 
     def __str__(self) -> str:
         return "\n".join(f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.ranks))
@@ -128,13 +134,20 @@ def interleaved(num_ranks: int, chunks: int, num_microbatches: int) -> Schedule:
 
 
 def build_schedule(strategy: Strategy) -> Schedule:
+    """The strategy's validated schedule. Schedules are immutable values, so equal parameters share one (a grid
+    search asks for the same schedule for its memory check and its simulation, and across configurations)."""
     s = strategy
-    if s.schedule == "gpipe":
-        sched = gpipe(s.pp, s.num_micro_batches)
-    elif s.schedule == "1f1b":
-        sched = one_f_one_b(s.pp, s.num_micro_batches, s.warmup_policy, s.max_in_flight)
+    return _schedule(s.schedule, s.pp, s.num_micro_batches, s.warmup_policy, s.max_in_flight, s.chunks)
+
+
+@lru_cache(maxsize=64)
+def _schedule(kind: str, pp: int, m: int, policy: str, max_in_flight: int | None, chunks: int) -> Schedule:
+    if kind == "gpipe":
+        sched = gpipe(pp, m)
+    elif kind == "1f1b":
+        sched = one_f_one_b(pp, m, policy, max_in_flight)
     else:
-        sched = interleaved(s.pp, s.chunks, s.num_micro_batches)
+        sched = interleaved(pp, chunks, m)
     validate_schedule(sched)
     return sched
 
@@ -208,7 +221,7 @@ def validate_schedule(sched: Schedule) -> None:
             if (s, op, m) not in seen
         ]
         raise ScheduleError(f"schedule {sched.name} is missing {len(missing)} actions, e.g. {', '.join(missing[:4])}")
-    unit_steps(sched)
+    sched.steps  # noqa: B018 - computing the steps finds a deadlock (and keeps them for the flow builders)
 
 
 def peak_in_flight(actions: Sequence[Action], weight: dict[int, float] | None = None) -> float:
@@ -227,7 +240,7 @@ def peak_in_flight(actions: Sequence[Action], weight: dict[int, float] | None = 
 
 def format_grid(sched: Schedule) -> str:
     """Step x rank table of a unit-time execution; empty cells are bubbles."""
-    steps = unit_steps(sched)
+    steps = sched.steps
     n = 1 + max((s for row in steps for s in row), default=-1)
     cells = [["" for _ in range(sched.num_ranks)] for _ in range(n)]
     for r, acts in enumerate(sched.ranks):
