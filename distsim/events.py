@@ -476,19 +476,22 @@ class _Builder(CommWriter):
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def action(self, r: int, a: Action) -> None:
-        """Emit one schedule action on every simulated replica of pipeline rank r, op by op.
+        """Emit one schedule action on every simulated replica of pipeline rank r."""
+        s = self.flow.strategy
+        wfbp = s.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1:
+            self._action_on_one_gpu(r, a, wfbp)
+        else:
+            self._action_on_lanes(r, a, wfbp)
+
+    def _action_on_lanes(self, r: int, a: Action, wfbp: bool) -> None:
+        """:meth:`action` op by op over the replicas (lanes) of rank r.
 
         Ops are the outer loop and replicas the inner one, so that a layer's WFBP all-reduce (which spans the
         replicas) is emitted as soon as every replica finished that layer's backward, before the next layer's
         compute: its place in each stream's order is then where it is issued in a real run.
         """
         flow, grid = self.flow, self.grid
-        wfbp = (
-            flow.strategy.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
-        )
-        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1:
-            self._action_on_one_gpu(r, a, wfbp)
-            return
         lanes = []
         for d in self.lanes_d:
             if a.op == "F":
