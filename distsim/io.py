@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from distsim.checks import number, positive_int
 from distsim.cluster import GPU, Cluster, Link, get_cluster
 from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
 from distsim.models import Model, get_model, model_from_dict
@@ -62,6 +63,7 @@ _LINK_KEYS = {f.name for f in fields(Link)}
 
 _TEXT_KEYS = {"base", "name", "source"}
 _INT_KEYS = {"nodes", "gpus_per_node", "nics_per_node"}
+_NESTED_KEYS = {"gpu", "intra", "inter"}
 
 
 def _subset(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
@@ -73,13 +75,12 @@ def _subset(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
         raise ClusterError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in _TEXT_KEYS or isinstance(value, dict):
+        if key in _TEXT_KEYS or key in _NESTED_KEYS:  # nested mappings are checked on their own
             out[key] = value
-            continue
-        try:
-            out[key] = int(value) if key in _INT_KEYS else float(value)
-        except (TypeError, ValueError):
-            raise ClusterError(f"{where}: {key} must be a number, got {value!r}") from None
+        elif key in _INT_KEYS:
+            out[key] = positive_int(value, f"{where}: {key}", ClusterError)
+        else:
+            out[key] = number(value, f"{where}: {key}", ClusterError)
     return out
 
 
@@ -89,28 +90,26 @@ def cluster_from_dict(data: Any, where: str) -> Cluster:
     Example: ``{base: dgx-a100, nodes: 16, inter: {bandwidth_bytes_per_s: 12.5e9}}``.
     """
     data = _subset(data, _CLUSTER_KEYS, where)
+    if "base" in data:
+        base = get_cluster(str(data["base"]))
+    else:
+        missing = [k for k in ("nodes", "gpus_per_node", "gpu", "intra", "inter") if k not in data]
+        if missing:
+            raise ClusterError(f"{where}: needs {', '.join(missing)} (or base: <preset> to start from)")
+        base = None
+    gpu_over = _subset(data.get("gpu", {}), _GPU_KEYS, f"{where} gpu")
+    link_over = {key: _subset(data.get(key, {}), _LINK_KEYS, f"{where} {key}") for key in ("intra", "inter")}
+    top = {k: data[k] for k in ("name", "nodes", "gpus_per_node", "nics_per_node", "source") if k in data}
     try:
-        if "base" in data:
-            base = get_cluster(str(data["base"]))
-        else:
-            missing = [k for k in ("nodes", "gpus_per_node", "gpu", "intra", "inter") if k not in data]
-            if missing:
-                raise ClusterError(f"{where}: needs {', '.join(missing)} (or base: <preset> to start from)")
-            base = None
-        gpu_over = _subset(data.get("gpu", {}), _GPU_KEYS, f"{where} gpu")
         gpu = replace(base.gpu, **gpu_over) if base else GPU(**gpu_over)
-        links = {}
-        for key in ("intra", "inter"):
-            over = _subset(data.get(key, {}), _LINK_KEYS, f"{where} {key}")
-            links[key] = replace(getattr(base, key), **over) if base else Link(**over)
-        top = {k: data[k] for k in ("name", "nodes", "gpus_per_node", "nics_per_node", "source") if k in data}
+        links = {k: replace(getattr(base, k), **over) if base else Link(**over) for k, over in link_over.items()}
         if base:
-            cluster = replace(base, gpu=gpu, **links, **top)
-        else:
-            cluster = Cluster(gpu=gpu, **links, **{"name": "custom", "source": where, **top})
-        return cluster
+            return replace(base, gpu=gpu, **links, **top)
+        return Cluster(gpu=gpu, **links, **{"name": "custom", "source": where, **top})
     except TypeError as exc:
         raise ClusterError(f"{where}: malformed cluster description ({exc})") from None
+    except ClusterError as exc:  # the cluster's own consistency checks name the cluster, not the file
+        raise ClusterError(f"{where}: {exc}") from None
 
 
 def load_cluster(name_or_path: str) -> Cluster:

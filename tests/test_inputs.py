@@ -1,0 +1,176 @@
+"""Every bad model, cluster, plan or profile input is one line on stderr and exit status 2, and absurd sizes are
+refused before they allocate (the rule of distsim/errors.py: never a traceback, never a silent wrong answer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.util import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--cluster", "cpu-1x2", "--strategy", "1M1P2D"]
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> str:
+    """Exit status 2, exactly one line on stderr (``distsim: error: ...``) containing every needle, no traceback."""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("distsim: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------- model files
+LAYER = "name: m\nlayers:\n  - {name: a, forward_s: 0.01, %s}\n"
+STACK = "name: m\ntransformer: {layers: %s, hidden: %s, heads: %s, seq: 16, vocab: 100}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        pytest.param(LAYER % "shape: {h: abc}", ["m.yaml layer 'a'", "shape h", "'abc'"], id="shape-not-integer"),
+        pytest.param(
+            LAYER % "params: 1" + "tp_constraints: {heads: abc}\n",
+            ["tp_constraints heads", "'abc'"],
+            id="tp-constraint-not-integer",
+        ),
+        pytest.param(LAYER % "params: 1" + "seq_len: abc\n", ["m.yaml: seq_len", "'abc'"], id="seq-len-not-integer"),
+        pytest.param(
+            "layers:\n  - {name: a, forward_s: .nan}\n", ["layer 'a'", "forward_s", "finite", "nan"], id="forward-nan"
+        ),
+        pytest.param(
+            "layers:\n  - {name: a, forward_s: .inf}\n", ["layer 'a'", "forward_s", "finite", "inf"], id="forward-inf"
+        ),
+        pytest.param(LAYER % "out_bytes: -.inf", ["out_bytes", "finite"], id="out-bytes-minus-inf"),
+        pytest.param(LAYER % "flops: 1e400", ["flops", "finite"], id="flops-overflow"),
+        pytest.param(LAYER % "repeat: 2.5", ["repeat must be a positive integer, got 2.5"], id="repeat-fraction"),
+        pytest.param(
+            STACK % (0, 64, 4),
+            ["m.yaml transformer: layers must be a positive integer, got 0"],
+            id="transformer-no-layers",
+        ),
+        pytest.param(
+            STACK % (2, 64, 5),
+            ["m.yaml transformer: hidden (64) must be divisible by heads (5)"],
+            id="heads-do-not-divide-hidden",
+        ),
+        pytest.param(
+            STACK % (2, -64, 4),
+            ["m.yaml transformer: hidden must be a positive integer, got -64"],
+            id="hidden-negative",
+        ),
+        pytest.param(
+            STACK % (2, 64.5, 4), ["transformer: hidden must be a positive integer, got 64.5"], id="hidden-fraction"
+        ),
+    ],
+)
+def test_bad_model_file_is_one_line(
+    text: str, needles: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    code, _, err = run_cli(["simulate", "--model", str(path), *SMALL], capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needles"),
+    [
+        ("gpt2-345m:layers=0", ["layers must be >= 1, got 0"]),
+        ("gpt2-345m:heads=5", ["gpt2-345m", "hidden (1024) must be divisible by heads (5)"]),
+        ("gpt2-345m:hidden=100", ["gpt2-345m", "hidden (100) must be divisible by heads (16)"]),
+        ("t5-base:heads=7", ["t5-base", "hidden (768) must be divisible by heads (7)"]),
+    ],
+)
+def test_bad_zoo_spec_is_one_line(spec: str, needles: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["simulate", "--model", spec, *SMALL], capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+# ------------------------------------------------------------------------------------------- cluster, plan files
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("base: cpu-1x2\ninter: {bandwidth_bytes_per_s: .nan}\n",
+         ["c.yaml inter: bandwidth_bytes_per_s must be a finite number, got nan"]),
+        ("base: cpu-1x2\ngpu: {memory_bytes: .inf}\n", ["c.yaml gpu: memory_bytes must be a finite number, got inf"]),
+        ("base: cpu-1x2\ngpu: {peak_flops_per_s: 1e400}\n", ["c.yaml gpu: peak_flops_per_s", "finite"]),
+        ("base: cpu-1x2\nintra: {latency_s: -1}\n", ["c.yaml intra: latency_s must be >= 0"]),
+        ("base: cpu-1x2\nnodes: 2.5\n", ["c.yaml: nodes must be a positive integer, got 2.5"]),
+        ("base: cpu-1x2\nnodes: 1e9\n", ["c.yaml", "2,000,000,000 GPUs, above the limit of 1,048,576"]),
+    ],
+)  # fmt: skip
+def test_bad_cluster_file_is_one_line(
+    text: str, needles: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    code, _, err = run_cli(["simulate", "--model", "gpt2-cpu", "--cluster", str(path), "--strategy", "1M1P2D"], capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_straggler_factor_must_be_finite(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["simulate", "--model", "gpt2-cpu", *SMALL, "--straggler", "1=inf"], capsys)
+    assert_one_line_error(code, err, "slowdown factor of GPU 1 must be a finite number")
+
+
+@pytest.mark.parametrize(
+    ("body", "needles"),
+    [
+        ("micro_batches: .inf\nstages:\n  - {layers: [0, 6], devices: [0, 1]}\n",
+         ["p.yaml: micro_batches must be a positive integer, got inf"]),
+        ("micro_batch_size: .nan\nstages:\n  - {layers: [0, 6], devices: [0, 1]}\n",
+         ["p.yaml: micro_batch_size must be a positive integer, got nan"]),
+        ("stages:\n  - {layers: [0, 6], devices: '0-1000000000'}\n",
+         ["p.yaml stage 0: devices '0-1000000000' name more than 1,048,576 GPUs"]),
+    ],
+)  # fmt: skip
+def test_bad_plan_file_is_one_line(
+    body: str, needles: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("model: gpt2-cpu\ncluster: cpu-1x2\n" + body)
+    code, _, err = run_cli(["simulate", "--plan", str(path)], capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+# ----------------------------------------------------------------------------------------------- profile files
+def _broken_profile(tmp_path: Path, section: str, index: int | str, field: str, value: float) -> Path:
+    data = json.loads((ROOT / "profiles" / "cpu-gloo.json").read_text())
+    entry = data[section][sorted(data[section])[0] if index == "first" else index]
+    entry[field] = value
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))  # Python's json writes NaN and Infinity (and reads them back)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("section", "index", "field", "value", "needles"),
+    [
+        ("compute", "first", "mean_s", float("inf"), ["p.json: compute 'attention[", "mean_s must be a finite"]),
+        ("compute", "first", "median_s", float("nan"), ["p.json: compute 'attention[", "median_s must be a finite"]),
+        ("comm", 3, "median_s", float("inf"), ["p.json: comm[3]: median_s must be a finite number, got inf"]),
+        ("comm", 0, "p90_s", float("-inf"), ["p.json: comm[0]: p90_s must be a finite number"]),
+        ("fits", 0, "alpha_s", float("inf"), ["p.json: fits[0]: alpha_s must be a finite number, got inf"]),
+        ("comm", 1, "bytes", float("inf"), ["p.json: comm[1]: malformed entry"]),
+    ],
+)
+def test_non_finite_profile_entry_is_named(
+    section: str,
+    index: int | str,
+    field: str,
+    value: float,
+    needles: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = _broken_profile(tmp_path, section, index, field, value)
+    args = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--profile", str(path)]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, *needles)
