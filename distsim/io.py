@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from distsim import yaml_guard
 from distsim.checks import number, positive_int
 from distsim.cluster import GPU, Cluster, Link, get_cluster
 from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
@@ -28,11 +29,29 @@ def _looks_like_path(name: str) -> bool:
     return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or Path(name).exists()
 
 
-def read_structured(path: str | Path, error: type[DistsimError]) -> Any:
-    """Parse a YAML or JSON file; errors name the file."""
+MiB = 2**20
+MAX_FILE_BYTES = {"model": 4 * MiB, "cluster": 1 * MiB, "plan": 1 * MiB, "profile": 64 * MiB, "trace": 256 * MiB}
+"""Largest file each reader accepts, checked before reading; a YAML document's aliases may not expand it past the
+same size. The shipped files are far below: profiles up to 165 KB, measured traces up to 563 KB, models, clusters
+and plans a few KB (a model listing MAX_LAYERS layers one per line is about 1 MB). Parsing costs about 5x the file
+in memory for JSON and far more for YAML: a 4 MiB YAML model file took 9 s and 0.34 GB to read (libyaml, AMD EPYC)."""
+
+
+def read_structured(path: str | Path, error: type[DistsimError], kind: str | None = None) -> Any:
+    """Parse a YAML or JSON file of a `kind` in MAX_FILE_BYTES (None: the largest but a trace's); errors name the
+    file."""
     p = Path(path)
+    max_bytes = MAX_FILE_BYTES[kind] if kind else MAX_FILE_BYTES["profile"]
+    limit = f"the limit of {max_bytes:,} bytes for a {kind or 'structured'} file"
     try:
-        text = p.read_text(encoding="utf-8")
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise error(f"{p}: the file is {size:,} bytes, above {limit}")
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)  # a pipe or device reports no size
+        if len(data) > max_bytes:
+            raise error(f"{p}: the file is larger than {limit}")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{p}: no such file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -40,19 +59,26 @@ def read_structured(path: str | Path, error: type[DistsimError]) -> Any:
     try:
         if p.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return yaml_guard.load(text, max_chars=max_bytes)
     except json.JSONDecodeError as exc:
         raise error(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise error(f"{p}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except yaml_guard.ExpansionError as exc:
+        raise error(f"{p}: refused: {exc}") from None
+    except RecursionError:
+        raise error(f"{p}: nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise error(f"{p}: malformed file: {exc}") from None
 
 
 def load_model(name_or_path: str) -> Model:
     """A zoo model by name, or a model described in a YAML/JSON file."""
     if _looks_like_path(name_or_path):
-        return model_from_dict(read_structured(name_or_path, ModelFileError), where=str(name_or_path))
+        data = read_structured(name_or_path, ModelFileError, "model")
+        return model_from_dict(data, where=str(name_or_path))
     return get_model(name_or_path)
 
 
@@ -114,7 +140,8 @@ def cluster_from_dict(data: Any, where: str) -> Cluster:
 
 def load_cluster(name_or_path: str) -> Cluster:
     if _looks_like_path(name_or_path):
-        return cluster_from_dict(read_structured(name_or_path, ClusterError), str(name_or_path))
+        data = read_structured(name_or_path, ClusterError, "cluster")
+        return cluster_from_dict(data, str(name_or_path))
     return get_cluster(name_or_path)
 
 
@@ -122,7 +149,7 @@ def load_profile(path: str | Path) -> ProfileDB:
     p = Path(path)
     if p.suffix != ".json":
         raise ProfileError(f"{p}: a profile database is a .json file")
-    return ProfileDB.from_dict(read_structured(p, ProfileError), where=str(p))
+    return ProfileDB.from_dict(read_structured(p, ProfileError, "profile"), where=str(p))
 
 
 def _umask() -> int:
@@ -135,7 +162,7 @@ def load_plan(path: str | Path) -> Any:
     """A plan file (YAML or JSON): see :mod:`distsim.plan`."""
     from distsim.plan import PlanError, plan_from_dict
 
-    return plan_from_dict(read_structured(path, PlanError), where=str(path))
+    return plan_from_dict(read_structured(path, PlanError, "plan"), where=str(path))
 
 
 def write_plan(path: str | Path, plan: Any) -> Path:
@@ -152,7 +179,7 @@ def write_plan(path: str | Path, plan: Any) -> Path:
 def load_trace(path: str | Path) -> Any:
     from distsim.trace import Trace, TraceError
 
-    return Trace.from_dict(read_structured(path, TraceError), where=str(path))
+    return Trace.from_dict(read_structured(path, TraceError, "trace"), where=str(path))
 
 
 def _atomic_write(path: str | Path, write: Callable[[Any], None], mode: str = "w") -> Path:

@@ -174,3 +174,57 @@ def test_non_finite_profile_entry_is_named(
     args = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--profile", str(path)]
     code, _, err = run_cli(args, capsys)
     assert_one_line_error(code, err, *needles)
+
+
+# ---------------------------------------------------------------------------------------------- reading files
+def _bomb(levels: int = 9) -> str:
+    """A 'billion laughs' YAML model: nine aliases nine deep are 9**9 strings once expanded, in under 400 bytes."""
+    parts, prev = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'], "a"
+    for name in "bcdefghijk"[: levels - 1]:
+        parts.append(f"&{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+        prev = name
+    return "name: bomb\ndescription: [" + ", ".join(parts) + "]\nlayers:\n  - {name: x, forward_s: 0.01}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        pytest.param(_bomb(7), ["m.yaml: refused: its aliases expand it to more than 4,194,304 characters"],
+                     id="alias-expansion"),
+        pytest.param("layers: &a [*a]\n", ["m.yaml: refused: alias *a refers to a collection that contains it"],
+                     id="recursive-alias"),
+        pytest.param("name: x\ndescription: " + "[" * 5000 + "]" * 5000 + "\nlayers: [{name: a}]\n",
+                     ["m.yaml: refused: it nests collections more than 100 deep"], id="deep-yaml"),
+        pytest.param("name: x\nseq_len: " + "1" * 5000 + "\nlayers: [{name: a}]\n",
+                     ["m.yaml: malformed file: Exceeds the limit (4300 digits)"], id="huge-integer-literal"),
+    ],
+)  # fmt: skip
+def test_unreadable_yaml_is_one_line(
+    text: str, needles: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Small documents that would be a traceback (Python's recursion or digit limits) or expand to megabytes."""
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    code, _, err = run_cli(["simulate", "--model", str(path), *SMALL], capsys)
+    assert_one_line_error(code, err, *needles)
+
+
+def test_deep_json_profile_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    code, _, err = run_cli(["simulate", "--model", "gpt2-cpu", *SMALL, "--profile", str(path)], capsys)
+    assert_one_line_error(code, err, "p.json: nested too deeply to read")
+
+
+def test_shipped_profiles_and_traces_are_within_the_file_limits() -> None:
+    from distsim.io import MAX_FILE_BYTES, load_profile, load_trace
+
+    profiles = sorted((ROOT / "profiles").rglob("*.json"))
+    traces = sorted(p for p in (ROOT / "traces").glob("*.json") if not p.name.endswith(".chrome.json"))
+    assert profiles and traces
+    for path in profiles:
+        assert path.stat().st_size < MAX_FILE_BYTES["profile"] / 100
+        load_profile(path)
+    for path in traces:
+        assert path.stat().st_size < MAX_FILE_BYTES["trace"] / 100
+    load_trace(traces[-1])
