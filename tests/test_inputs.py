@@ -4,11 +4,22 @@ refused before they allocate (the rule of distsim/errors.py: never a traceback, 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.util import run_cli
+from distsim import Strategy, simulate
+from distsim.models import Model
+from distsim.plan import Plan, StagePlan
+from distsim.simulate import SimulationTooLarge, estimate_size
+from tests.test_invariants import Scenario, scenarios
+from tests.util import InterferingCosts, chain_model, hand_cluster, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--cluster", "cpu-1x2", "--strategy", "1M1P2D"]
@@ -228,3 +239,138 @@ def test_shipped_profiles_and_traces_are_within_the_file_limits() -> None:
     for path in traces:
         assert path.stat().st_size < MAX_FILE_BYTES["trace"] / 100
     load_trace(traces[-1])
+
+
+# ------------------------------------------------------------------------------- resource guards (subprocess)
+GUARD_AS_BYTES = 2 * 2**30
+GUARD_TIMEOUT_S = 120
+
+
+def run_guarded(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """The CLI in a child process with 2 GiB of address space and a generous timeout: a run that is not refused
+    early fails the test by a memory error (a traceback, or a kill) or by the timeout, never by a measured time."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (GUARD_AS_BYTES, GUARD_AS_BYTES))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "distsim", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_TIMEOUT_S,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+MB_1E9 = ["--model", "gpt2-345m", "--cluster", "distsim-testbed", "--strategy", "2M4P2D"]
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "needles"),
+    [
+        pytest.param({}, [*MB_1E9, "--micro-batches", "1000000000"],
+                     ["about 205,000,000,009 tasks, above the limit of 5,000,000", "--max-tasks"],
+                     id="a-billion-micro-batches"),
+        pytest.param({}, ["--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches", "8",
+                          "--profile", str(ROOT / "profiles" / "cpu-gloo.json"), "--samples", "100000"],
+                     ["(195 per run x 100,000 samples), above the limit of 5,000,000", "fewer --samples"],
+                     id="100k-stochastic-samples"),
+        pytest.param({"m.yaml": "layers:\n  - {name: a, forward_s: 0.01, repeat: 1e12}\n"},
+                     ["--model", "m.yaml", *SMALL],
+                     ["m.yaml layer 'a': repeat is 1,000,000,000,000, above the limit of 10,000"], id="repeat-1e12"),
+        pytest.param({"m.yaml": STACK % (1_000_000, 64, 4)}, ["--model", "m.yaml", *SMALL],
+                     ["m.yaml transformer: layers is 1,000,000, above the limit of 10,000"], id="a-million-layers"),
+        pytest.param({}, ["--model", "gpt2-345m:layers=1000000", *SMALL],
+                     ["model gpt2-345m: layers is 1,000,000, above the limit of 10,000"], id="zoo-spec-million-layers"),
+        pytest.param({}, ["--model", "t5-base:layers=6000", *SMALL],
+                     ["model t5-base: 6,000 + 6,000 layers is above the limit of 10,000"], id="zoo-spec-t5-12k-layers"),
+        pytest.param({"m.yaml": _bomb(9)}, ["--model", "m.yaml", *SMALL],
+                     ["m.yaml: refused: its aliases expand it to more than 4,194,304 characters"], id="billion-laughs"),
+        pytest.param({"m.yaml": None}, ["--model", "m.yaml", *SMALL],
+                     ["m.yaml: the file is 52,4", " bytes, above the limit of 4,194,304 bytes for a model file"],
+                     id="50-MB-model-file"),
+        pytest.param({}, ["--model", "gpt2-cpu", "--cluster", "dgx-a100", "--nodes", "100000000", "--strategy",
+                          "1M1P800000000D"], ["100,000,000 nodes x 8 GPUs = 800,000,000 GPUs, above the limit"],
+                     id="a-hundred-million-nodes"),
+        pytest.param({"p.yaml": "model: gpt2-cpu\ncluster: cpu-1x2\nstages:\n"
+                                "  - {layers: [0, 6], devices: '0-999999999'}\n"},
+                     ["--plan", "p.yaml"], ["p.yaml stage 0: devices '0-999999999' name more than 1,048,576 GPUs"],
+                     id="a-billion-plan-devices"),
+    ],
+)  # fmt: skip
+def test_huge_input_is_refused_early(
+    files: dict[str, str | None], args: list[str], needles: list[str], tmp_path: Path
+) -> None:
+    for name, text in files.items():
+        if text is None:  # 50 MB of valid layers, written without holding them in memory
+            with (tmp_path / name).open("w") as fh:
+                fh.write("layers:\n")
+                line = "  - {forward_s: 0.001}\n"
+                fh.write(line * (50 * 2**20 // len(line)))
+        else:
+            (tmp_path / name).write_text(text)
+    code, _, err = run_guarded(["simulate", *args], tmp_path)
+    assert_one_line_error(code, err, *needles)
+
+
+# ------------------------------------------------------------------------------------ the size estimate itself
+def _slack(model: Model, strategy: Strategy) -> int:
+    """Tasks the estimate may count that the builder leaves out: transfers and all-reduces that move nothing (zero
+    bytes, so no interference shadow; a layer without parameters, so no all-reduce)."""
+    lanes = strategy.tp * strategy.dp
+    return lanes * (2 * (strategy.num_stages - 1) * strategy.num_micro_batches + 2 * (model.num_layers + strategy.pp))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_estimate_counts_the_tasks_build_flow_emits(sc: Scenario) -> None:
+    costs = InterferingCosts(sc.cluster, slowdowns=sc.interference)
+    tasks, runs = estimate_size(sc.model, sc.cluster, sc.strategy, costs, sc.options)
+    built = len(simulate(sc.model, sc.cluster, sc.strategy, costs, sc.options).flow)
+    assert runs == 1 and built <= tasks <= built + _slack(sc.model, sc.strategy)
+    if all(layer.params > 0 and layer.out_bytes > 0 for layer in sc.model.layers) and not any(sc.interference):
+        assert tasks == built
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_estimate_counts_the_tasks_of_a_stages_plan(data: st.DataObject) -> None:
+    widths = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    layers = data.draw(st.lists(st.integers(1, 3), min_size=len(widths), max_size=len(widths)))
+    model = chain_model([(0.1, 0.2, data.draw(st.integers(0, 50)), 100.0) for _ in range(sum(layers))])
+    stages, first_gpu, first_layer = [], 0, 0
+    for width, n in zip(widths, layers, strict=True):
+        stages.append(StagePlan((first_layer, first_layer + n), tuple(range(first_gpu, first_gpu + width))))
+        first_gpu, first_layer = first_gpu + width, first_layer + n
+    plan = Plan(model="m", cluster="c", stages=tuple(stages), micro_batches=data.draw(st.integers(1, 4)),
+                micro_batch_size=max(widths) + data.draw(st.integers(0, 2)),
+                grad_sync=data.draw(st.sampled_from(["bulk", "wfbp"])))  # fmt: skip
+    cluster = hand_cluster(nodes=2, gpus_per_node=8)
+    costs = InterferingCosts(cluster, slowdowns=(data.draw(st.sampled_from([0.0, 0.5])), 0.1, 0.5, 0.1))
+    tasks, _ = estimate_size(model, cluster, plan, costs)
+    built = len(simulate(model, cluster, plan, costs).flow)
+    assert built <= tasks <= built + 2 * sum(widths) * model.num_layers
+
+
+def test_limit_is_an_argument_of_simulate() -> None:
+    model, cluster = chain_model([(0.1, 0.2, 10, 100.0)] * 4), hand_cluster(1, 2)
+    strategy = Strategy(pp=2, num_micro_batches=100)
+    tasks, _ = estimate_size(model, cluster, strategy)
+    assert len(simulate(model, cluster, strategy, max_tasks=tasks).flow) == tasks
+    with pytest.raises(SimulationTooLarge, match=f"about {tasks:,} tasks, above the limit of {tasks - 1:,}"):
+        simulate(model, cluster, strategy, max_tasks=tasks - 1)
+    assert simulate(model, cluster, strategy, max_tasks=None).flow
+
+
+def test_long_stochastic_run_reports_progress_per_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Above PROGRESS_TASKS the CLI says how big the run is and prints a progress line (at least every 10%)."""
+    args = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches",
+            "100", "--profile", str(ROOT / "profiles" / "cpu-gloo.json"), "--samples", "130"]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0 and "iteration time" in out
+    lines = err.strip().splitlines()
+    assert lines[0] == "simulating about 312,390 tasks (2,403 x 130 stochastic runs); this takes a while"
+    assert lines[-1].startswith("130/130 stochastic runs") and len(lines) >= 11
