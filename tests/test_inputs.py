@@ -9,6 +9,7 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -374,3 +375,22 @@ def test_long_stochastic_run_reports_progress_per_run(capsys: pytest.CaptureFixt
     lines = err.strip().splitlines()
     assert lines[0] == "simulating about 312,390 tasks (2,403 x 130 stochastic runs); this takes a while"
     assert lines[-1].startswith("130/130 stochastic runs") and len(lines) >= 11
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        (lambda d: d["iterations"][0]["columns"]["end_s"].__setitem__(3, float("nan")),
+         ["t.json: iteration 0 has a start_s or end_s that is not finite"]),
+        (lambda d: d["plan"].__setitem__("nodes", float("nan")), ["t.json: plan nodes must be a positive integer"]),
+    ],
+)  # fmt: skip
+def test_non_finite_trace_is_one_line(
+    change: Any, needles: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads((ROOT / "traces" / "gpt2-cpu-2x1-1M2P1D-1f1b-M8.json").read_text())
+    change(data)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    code, _, err = run_cli(["validate", "--trace", str(path), "--samples", "0"], capsys)
+    assert_one_line_error(code, err, *needles)
