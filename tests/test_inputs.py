@@ -353,7 +353,10 @@ def test_estimate_counts_the_tasks_of_a_stages_plan(data: st.DataObject) -> None
     costs = InterferingCosts(cluster, slowdowns=(data.draw(st.sampled_from([0.0, 0.5])), 0.1, 0.5, 0.1))
     tasks, _ = estimate_size(model, cluster, plan, costs)
     built = len(simulate(model, cluster, plan, costs).flow)
-    assert built <= tasks <= built + 2 * sum(widths) * model.num_layers
+    # left out when they move nothing: optimizer steps and all-reduces of layers without parameters (with their
+    # interference shadows on every replica), shadows of transfers that take no time
+    slack = sum(widths) * (2 + 2 * model.num_layers + 2 * plan.micro_batches)
+    assert built <= tasks <= built + slack
 
 
 def test_limit_is_an_argument_of_simulate() -> None:
