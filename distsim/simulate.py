@@ -181,10 +181,11 @@ def _plan_detail(plan: Plan) -> str:
 DEFAULT_MAX_TASKS = 5_000_000
 """Most tasks one simulate() call may run (tasks of the event flow times the runs: 1, or ``samples``); above it the
 call is refused before anything is built. Measured on this project's machine (AMD EPYC, 2 cores; peak RSS from
-``/usr/bin/time``, gpt2-345m 2M4P2D on distsim-testbed): a deterministic run costs about 530 bytes and 10 us per task
-(M=10,000: 2.05 M tasks, 1.17 GB, 23 s; M=40,000: 8.2 M tasks, 4.3 GB, 84 s; every GPU simulated: 545 bytes,
-9 us), each further stochastic run about 2.5 us per task and no memory. So an allowed run stays under about 3 GB
-and a minute; ``max_tasks`` raises the limit (the CLI's ``--max-tasks``)."""
+``/usr/bin/time``, the slope between two sizes): a deterministic run costs 530-700 bytes and 8-11 us per task
+(gpt2-345m on distsim-testbed, 2M4P2D: M=10,000 is 2.05 M tasks, 1.17 GB, 23 s; M=40,000 is 8.2 M tasks, 4.3 GB,
+84 s; 8M2P1D with every GPU simulated, whose collectives span 8 GPUs: 690 bytes, 8 us), each further stochastic run
+about 2.5 us per task and no memory. So an allowed run stays under about 3.5 GB and a minute; ``max_tasks`` raises
+the limit (the CLI's ``--max-tasks``)."""
 
 
 class SimulationTooLarge(DistsimError):

@@ -120,7 +120,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --samples.")
 @click.option("--max-tasks", type=click.IntRange(min=1), default=DEFAULT_MAX_TASKS, show_default=True,
               help="Refuse a simulation of more tasks than this (event-flow tasks x --samples runs; a task takes "
-              "about 0.5 KB and 10 us), before building anything.")  # fmt: skip
+              "about 0.5-0.7 KB and 10 us), before building anything.")  # fmt: skip
 @click.option(
     "--profile",
     "profile_path",
