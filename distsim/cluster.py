@@ -10,6 +10,7 @@ Every preset cites where its figures come from; figures a paper does not state a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -18,6 +19,10 @@ from distsim.errors import ClusterError, UnknownNameError, suggest
 GB = 1e9
 Gbit = 1e9 / 8
 TFLOPS = 1e12
+MAX_GPUS = 2**20
+"""Most GPUs a cluster may have (1,048,576): the largest training clusters have some 100,000. Simulation is per
+distinct GPU, but placement and the per-GPU view are arrays over every GPU, so a typo like --nodes 100000000 is
+refused here rather than allocating gigabytes."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,11 @@ class Cluster:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
             raise ClusterError(f"cluster {self.name!r}: nodes and gpus_per_node must be >= 1")
+        if self.num_gpus > MAX_GPUS:
+            raise ClusterError(
+                f"cluster {self.name!r}: {self.nodes:,} nodes x {self.gpus_per_node:,} GPUs = {self.num_gpus:,} GPUs, "
+                f"above the limit of {MAX_GPUS:,}"
+            )
         if self.nics_per_node < 1:
             raise ClusterError(f"cluster {self.name!r}: nics_per_node must be >= 1")
         for label, value in (
@@ -76,17 +86,22 @@ class Cluster:
             ("intra-node bandwidth", self.intra.bandwidth_bytes_per_s),
             ("inter-node bandwidth", self.inter.bandwidth_bytes_per_s),
         ):
-            if not value > 0:
-                raise ClusterError(f"cluster {self.name!r}: {label} must be > 0")
+            if not (value > 0 and math.isfinite(value)):
+                raise ClusterError(f"cluster {self.name!r}: {label} must be a finite number > 0, got {value!r}")
         if not 0 < self.gpu.compute_efficiency <= 1:
             raise ClusterError(f"cluster {self.name!r}: compute_efficiency must be in (0, 1]")
-        if self.intra.latency_s < 0 or self.inter.latency_s < 0:
-            raise ClusterError(f"cluster {self.name!r}: link latency must be >= 0")
+        for label, value in (
+            ("kernel overhead", self.gpu.kernel_overhead_s),
+            ("intra-node latency", self.intra.latency_s),
+            ("inter-node latency", self.inter.latency_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ClusterError(f"cluster {self.name!r}: {label} must be a finite number >= 0, got {value!r}")
         for gpu, factor in self.slowdown:
             if not 0 <= gpu < self.num_gpus:
                 raise ClusterError(f"cluster {self.name!r}: slowdown names GPU {gpu}, which it does not have")
-            if not factor > 0:
-                raise ClusterError(f"cluster {self.name!r}: slowdown factor of GPU {gpu} must be > 0")
+            if not (factor > 0 and math.isfinite(factor)):
+                raise ClusterError(f"cluster {self.name!r}: slowdown factor of GPU {gpu} must be a finite number > 0")
 
     @property
     def num_gpus(self) -> int:

@@ -317,17 +317,9 @@ def build_flow(
 ) -> EventFlow:
     """The full event DAG of one iteration of `strategy` on `cluster`."""
     options = options or FlowOptions()
-    check_strategy(strategy, model, cluster)
-    placement = Placement(strategy, cluster, parse_order(options.rank_order))
+    placement, symmetric = _placement(model, cluster, strategy, options)
     schedule = build_schedule(strategy)
     stage_ranges = resolve_partition(model, strategy, costs)
-    symmetric = _symmetry_holds(placement, strategy, cluster)
-    if options.symmetric is True and not symmetric:
-        from distsim.errors import StrategyError
-
-        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
-    if options.symmetric is False:
-        symmetric = False
     grid = placement.grid
     pp, dp, tp = strategy.pp, strategy.dp, strategy.tp
     lanes_d = [0] if symmetric else list(range(dp))
@@ -341,6 +333,49 @@ def build_flow(
     flow = EventFlow(model, cluster, strategy, schedule, placement, stage_ranges, symmetric, represents)
     _Builder(flow, costs, options, lanes_d, lanes_t).run()
     return flow
+
+
+def _placement(model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions) -> tuple[Placement, bool]:
+    """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
+    check_strategy(strategy, model, cluster)
+    placement = Placement(strategy, cluster, parse_order(options.rank_order))
+    symmetric = _symmetry_holds(placement, strategy, cluster)
+    if options.symmetric is True and not symmetric:
+        from distsim.errors import StrategyError
+
+        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
+    return placement, symmetric and options.symmetric is not False
+
+
+def overlap_shadows(costs: CostSource) -> int:
+    """1 if overlapped transfers put shadow tasks on compute streams (measured interference), else 0."""
+    return int(any(costs.interference(scope)[0] > 0 for scope in ("intra", "inter")))
+
+
+def estimate_tasks(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> int:
+    """How many tasks :func:`build_flow` would emit, counted from the strategy and the model in O(layers) without
+    building anything: exact, or slightly above when some all-reduce moves no bytes (it is then left out)."""
+    options = options or FlowOptions()
+    _, symmetric = _placement(model, cluster, strategy, options)
+    dl, tl = (1, 1) if symmetric else (strategy.dp, strategy.tp)
+    shadows = overlap_shadows(costs)
+    blocks = [b for layer in model.layers for b in layer.blocks]
+    tp_collectives = 0
+    if strategy.tp > 1:
+        sharded = [b for b in blocks if b.tp == "shard"]
+        tp_collectives = sum(b.tp_fwd_allreduce_bytes > 0 for b in sharded) + sum(
+            b.tp_bwd_allreduce_bytes > 0 for b in sharded
+        )
+    sends = 2 * (strategy.num_stages - 1) * tl * (1 + (0 if options.p2p_blocking else shadows))
+    per_micro_batch = dl * (2 * len(blocks) * tl + tp_collectives + sends)
+    grads = 0
+    if strategy.dp > 1:
+        wfbp = strategy.grad_sync == "wfbp"
+        grads = tl * (model.num_layers if wfbp else strategy.pp) * (1 + (dl * shadows if wfbp else 0))
+    tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
+    return strategy.num_micro_batches * per_micro_batch + grads + tied + strategy.pp * dl * tl
 
 
 class CommWriter:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from distsim import yaml_guard
+from distsim.checks import number, positive_int
 from distsim.cluster import GPU, Cluster, Link, get_cluster
 from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
 from distsim.models import Model, get_model, model_from_dict
@@ -31,11 +33,29 @@ def _looks_like_path(name: str) -> bool:
     return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or Path(name).exists()
 
 
-def read_structured(path: str | Path, error: type[DistsimError]) -> Any:
-    """Parse a YAML or JSON file; errors name the file."""
+MiB = 2**20
+MAX_FILE_BYTES = {"model": 4 * MiB, "cluster": 1 * MiB, "plan": 1 * MiB, "profile": 64 * MiB, "trace": 256 * MiB}
+"""Largest file each reader accepts, checked before reading; a YAML document's aliases may not expand it past the
+same size. The shipped files are far below: profiles up to 165 KB, measured traces up to 563 KB, models, clusters
+and plans a few KB (a model listing MAX_LAYERS layers one per line is about 1 MB). Parsing costs about 5x the file
+in memory for JSON and far more for YAML: a 4 MiB YAML model file took 9 s and 0.34 GB to read (libyaml, AMD EPYC)."""
+
+
+def read_structured(path: str | Path, error: type[DistsimError], kind: str | None = None) -> Any:
+    """Parse a YAML or JSON file of a `kind` in MAX_FILE_BYTES (None: the largest but a trace's); errors name the
+    file."""
     p = Path(path)
+    max_bytes = MAX_FILE_BYTES[kind] if kind else MAX_FILE_BYTES["profile"]
+    limit = f"the limit of {max_bytes:,} bytes for a {kind or 'structured'} file"
     try:
-        text = p.read_text(encoding="utf-8")
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise error(f"{p}: the file is {size:,} bytes, above {limit}")
+        with p.open("rb") as fh:
+            data = fh.read(max_bytes + 1)  # a pipe or device reports no size
+        if len(data) > max_bytes:
+            raise error(f"{p}: the file is larger than {limit}")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise error(f"{p}: no such file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -43,19 +63,26 @@ def read_structured(path: str | Path, error: type[DistsimError]) -> Any:
     try:
         if p.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return yaml_guard.load(text, max_chars=max_bytes)
     except json.JSONDecodeError as exc:
         raise error(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise error(f"{p}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except yaml_guard.ExpansionError as exc:
+        raise error(f"{p}: refused: {exc}") from None
+    except RecursionError:
+        raise error(f"{p}: nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise error(f"{p}: malformed file: {exc}") from None
 
 
 def load_model(name_or_path: str) -> Model:
     """A zoo model by name, or a model described in a YAML/JSON file."""
     if _looks_like_path(name_or_path):
-        return model_from_dict(read_structured(name_or_path, ModelFileError), where=str(name_or_path))
+        data = read_structured(name_or_path, ModelFileError, "model")
+        return model_from_dict(data, where=str(name_or_path))
     return get_model(name_or_path)
 
 
@@ -66,6 +93,7 @@ _LINK_KEYS = {f.name for f in fields(Link)}
 
 _TEXT_KEYS = {"base", "name", "source"}
 _INT_KEYS = {"nodes", "gpus_per_node", "nics_per_node"}
+_NESTED_KEYS = {"gpu", "intra", "inter"}
 
 
 def _subset(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
@@ -77,13 +105,12 @@ def _subset(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
         raise ClusterError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if key in _TEXT_KEYS or isinstance(value, dict):
+        if key in _TEXT_KEYS or key in _NESTED_KEYS:  # nested mappings are checked on their own
             out[key] = value
-            continue
-        try:
-            out[key] = int(value) if key in _INT_KEYS else float(value)
-        except (TypeError, ValueError):
-            raise ClusterError(f"{where}: {key} must be a number, got {value!r}") from None
+        elif key in _INT_KEYS:
+            out[key] = positive_int(value, f"{where}: {key}", ClusterError)
+        else:
+            out[key] = number(value, f"{where}: {key}", ClusterError)
     return out
 
 
@@ -93,33 +120,32 @@ def cluster_from_dict(data: Any, where: str) -> Cluster:
     Example: ``{base: dgx-a100, nodes: 16, inter: {bandwidth_bytes_per_s: 12.5e9}}``.
     """
     data = _subset(data, _CLUSTER_KEYS, where)
+    if "base" in data:
+        base = get_cluster(str(data["base"]))
+    else:
+        missing = [k for k in ("nodes", "gpus_per_node", "gpu", "intra", "inter") if k not in data]
+        if missing:
+            raise ClusterError(f"{where}: needs {', '.join(missing)} (or base: <preset> to start from)")
+        base = None
+    gpu_over = _subset(data.get("gpu", {}), _GPU_KEYS, f"{where} gpu")
+    link_over = {key: _subset(data.get(key, {}), _LINK_KEYS, f"{where} {key}") for key in ("intra", "inter")}
+    top = {k: data[k] for k in ("name", "nodes", "gpus_per_node", "nics_per_node", "source") if k in data}
     try:
-        if "base" in data:
-            base = get_cluster(str(data["base"]))
-        else:
-            missing = [k for k in ("nodes", "gpus_per_node", "gpu", "intra", "inter") if k not in data]
-            if missing:
-                raise ClusterError(f"{where}: needs {', '.join(missing)} (or base: <preset> to start from)")
-            base = None
-        gpu_over = _subset(data.get("gpu", {}), _GPU_KEYS, f"{where} gpu")
         gpu = replace(base.gpu, **gpu_over) if base else GPU(**gpu_over)
-        links = {}
-        for key in ("intra", "inter"):
-            over = _subset(data.get(key, {}), _LINK_KEYS, f"{where} {key}")
-            links[key] = replace(getattr(base, key), **over) if base else Link(**over)
-        top = {k: data[k] for k in ("name", "nodes", "gpus_per_node", "nics_per_node", "source") if k in data}
+        links = {k: replace(getattr(base, k), **over) if base else Link(**over) for k, over in link_over.items()}
         if base:
-            cluster = replace(base, gpu=gpu, **links, **top)
-        else:
-            cluster = Cluster(gpu=gpu, **links, **{"name": "custom", "source": where, **top})
-        return cluster
+            return replace(base, gpu=gpu, **links, **top)
+        return Cluster(gpu=gpu, **links, **{"name": "custom", "source": where, **top})
     except TypeError as exc:
         raise ClusterError(f"{where}: malformed cluster description ({exc})") from None
+    except ClusterError as exc:  # the cluster's own consistency checks name the cluster, not the file
+        raise ClusterError(f"{where}: {exc}") from None
 
 
 def load_cluster(name_or_path: str) -> Cluster:
     if _looks_like_path(name_or_path):
-        return cluster_from_dict(read_structured(name_or_path, ClusterError), str(name_or_path))
+        data = read_structured(name_or_path, ClusterError, "cluster")
+        return cluster_from_dict(data, str(name_or_path))
     return get_cluster(name_or_path)
 
 
@@ -127,14 +153,14 @@ def load_profile(path: str | Path) -> ProfileDB:
     p = Path(path)
     if p.suffix != ".json":
         raise ProfileError(f"{p}: a profile database is a .json file")
-    return ProfileDB.from_dict(read_structured(p, ProfileError), where=str(p))
+    return ProfileDB.from_dict(read_structured(p, ProfileError, "profile"), where=str(p))
 
 
 def load_plan(path: str | Path) -> Any:
     """A plan file (YAML or JSON): see :mod:`distsim.plan`."""
     from distsim.plan import PlanError, plan_from_dict
 
-    return plan_from_dict(read_structured(path, PlanError), where=str(path))
+    return plan_from_dict(read_structured(path, PlanError, "plan"), where=str(path))
 
 
 def write_plan(path: str | Path, plan: Any) -> Path:
@@ -151,7 +177,7 @@ def write_plan(path: str | Path, plan: Any) -> Path:
 def load_trace(path: str | Path) -> Any:
     from distsim.trace import Trace, TraceError
 
-    return Trace.from_dict(read_structured(path, TraceError), where=str(path))
+    return Trace.from_dict(read_structured(path, TraceError, "trace"), where=str(path))
 
 
 def _write(path: str | Path, write: Callable[[Any], None], binary: bool = False) -> Path:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from distsim.cluster import MAX_GPUS
 from distsim.errors import DistsimError
 from distsim.strategy import Strategy
 
@@ -243,9 +244,13 @@ def parse_devices(value: object, where: str) -> tuple[int, ...]:
                     a, b = int(lo), int(hi)
                     if b < a:
                         raise ValueError
+                    if len(out) + b - a + 1 > MAX_GPUS:
+                        raise PlanError(f"{where}: devices {value!r} name more than {MAX_GPUS:,} GPUs")
                     out += range(a, b + 1)
                 else:
                     out.append(int(part))
+        except PlanError:
+            raise
         except ValueError:
             raise PlanError(f"{where}: cannot read devices {value!r}; write '0-7' or '0-3,8' or a list") from None
         return tuple(out)

@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from distsim.cluster import Cluster
 from distsim.costs import CostSource
-from distsim.events import K_TP, S_COMPUTE, CommWriter, EventFlow, FlowOptions, StageOp, stage_templates
+from distsim.events import (
+    K_TP,
+    S_COMPUTE,
+    CommWriter,
+    EventFlow,
+    FlowOptions,
+    StageOp,
+    overlap_shadows,
+    stage_templates,
+)
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
 from distsim.plan import Plan, PlanError, check_plan
@@ -42,6 +51,36 @@ def build_plan_flow(
     flow = EventFlow(model, cluster, strategy, schedule, None, stage_ranges, False, represents)
     _PlanBuilder(flow, plan, costs, options).run()
     return flow
+
+
+def estimate_plan_tasks(
+    model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions | None = None
+) -> int:
+    """How many tasks :func:`build_plan_flow` would emit, counted from the plan and the model without building
+    anything: exact, or slightly above when some all-reduce moves no bytes."""
+    options = options or FlowOptions()
+    check_plan(plan, model.num_layers, cluster.num_gpus)
+    shadows = overlap_shadows(costs)
+    send_tasks = 1 + (0 if options.p2p_blocking else shadows)
+    wfbp = plan.grad_sync == "wfbp"
+    total = 0
+    for s, stage in enumerate(plan.stages):
+        start, end = stage.layers
+        r = stage.replicas
+        blocks = sum(len(model.layers[i].blocks) for i in range(start, end))
+        total += plan.micro_batches * 2 * r * blocks + r  # forward and backward on every replica, optimizer step
+        if r > 1:
+            total += (end - start if wfbp else 1) * (1 + (r * shadows if wfbp else 0))
+        if s + 1 < len(plan.stages):
+            total += plan.micro_batches * 2 * _transfers(plan, s, s + 1) * send_tasks
+    widest = max(stage.replicas for stage in plan.stages)
+    return total + sum(layer.tied_to is not None for layer in model.layers) * widest
+
+
+def _transfers(plan: Plan, a: int, b: int) -> int:
+    """Sender-receiver pairs whose sample slices of a micro-batch overlap (split-concat between stages a and b)."""
+    cuts = {hi for _, hi in plan.replica_samples(a)[:-1]} | {hi for _, hi in plan.replica_samples(b)[:-1]}
+    return len(cuts) + 1
 
 
 class _PlanBuilder(CommWriter):

@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from distsim.checks import number
 from distsim.errors import ProfileError
+
+T = TypeVar("T")
 
 SCHEMA = "distsim-profile"
 VERSION = 1
@@ -294,52 +298,76 @@ class ProfileDB:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "profile") -> ProfileDB:
+        """Read a profile mapping; a malformed entry is named (``compute 'KEY'``, ``comm[3]``) with its problem."""
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object at the top level")
         if data.get("schema") != SCHEMA:
             raise ProfileError(f"{where}: not a distsim profile (schema is {data.get('schema')!r}, want {SCHEMA!r})")
         if data.get("version") != VERSION:
             raise ProfileError(f"{where}: profile schema version {data.get('version')!r}; this distsim reads {VERSION}")
-        try:
-            compute = {str(k): _measurement(v) for k, v in dict(data.get("compute", {})).items()}
-            comm = tuple(_comm(m) for m in data.get("comm", []))
-            fits = tuple(_fit(f) for f in data.get("fits", []))
-            compute_fits = tuple(
-                ComputeFit(str(f["family"]), float(f["alpha_s"]), _positive(f["beta_s_per_unit"], "beta_s_per_unit"),
-                           int(f.get("points", 0)))
-                for f in data.get("compute_fits", [])
-            )  # fmt: skip
-            interference = tuple(
-                Interference(str(i["scope"]), int(i["group_size"]), int(i["bytes"]), float(i["compute_slowdown"]),
-                             float(i["comm_slowdown"]))
-                for i in data.get("interference", [])
-            )  # fmt: skip
-            provenance = dict(data.get("provenance", {}))
-        except (TypeError, ValueError, KeyError) as exc:
-            raise ProfileError(f"{where}: malformed entry ({exc.__class__.__name__}: {exc})") from None
-        return cls(provenance, compute, comm, fits, compute_fits, interference)
+        raw_compute = _section(data, "compute", dict, where)
+        compute = {str(k): _entry(_measurement, v, f"{where}: compute {k!r}") for k, v in raw_compute.items()}
+        comm, fits, compute_fits, interference = (
+            tuple(_entry(read, v, f"{where}: {key}[{i}]") for i, v in enumerate(_section(data, key, list, where)))
+            for key, read in (("comm", _comm), ("fits", _fit), ("compute_fits", _compute_fit),
+                              ("interference", _interference))
+        )  # fmt: skip
+        provenance = _section(data, "provenance", dict, where)
+        return cls(dict(provenance), compute, comm, fits, compute_fits, interference)
+
+
+def _section(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = data.get(key, kind())
+    if not isinstance(value, kind):
+        raise ProfileError(f"{where}: {key} must be a JSON {'object' if kind is dict else 'array'}")
+    return value
+
+
+def _entry(read: Callable[[Any], T], value: Any, what: str) -> T:
+    """One entry read by `read`; any problem becomes one line naming the entry."""
+    try:
+        return read(value)
+    except KeyError as exc:
+        raise ProfileError(f"{what}: malformed entry (missing {exc.args[0]!r})") from None
+    except ProfileError as exc:
+        raise ProfileError(f"{what}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ProfileError(f"{what}: malformed entry ({exc.__class__.__name__}: {exc})") from None
 
 
 def _positive(value: Any, name: str) -> float:
-    v = float(value)
-    if not v >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return v
+    """A finite number >= 0 (JSON's NaN and Infinity, which Python's json reads, are refused)."""
+    return number(value, name, ProfileError)
+
+
+def _finite(value: Any, name: str) -> float:
+    return number(value, name, ProfileError, minimum=None)
+
+
+def _opt(v: dict[str, Any], key: str, read: Callable[[Any, str], float]) -> float | None:
+    return None if v.get(key) is None else read(v[key], key)
 
 
 def _measurement(v: Any) -> Measurement:
+    if not isinstance(v, dict):
+        raise ProfileError(f"expected an object, got {type(v).__name__}")
+    samples = v.get("samples_s")
+    if samples is not None and not isinstance(samples, list):
+        raise ProfileError("samples_s must be an array")
     return Measurement(
         median_s=_positive(v["median_s"], "median_s"),
-        p10_s=None if v.get("p10_s") is None else float(v["p10_s"]),
-        p90_s=None if v.get("p90_s") is None else float(v["p90_s"]),
+        p10_s=_opt(v, "p10_s", _finite),
+        p90_s=_opt(v, "p90_s", _finite),
         repeats=int(v.get("repeats", 1)),
-        flops=None if v.get("flops") is None else float(v["flops"]),
-        mean_s=None if v.get("mean_s") is None else _positive(v["mean_s"], "mean_s"),
-        samples_s=None if v.get("samples_s") is None else tuple(_positive(x, "samples_s") for x in v["samples_s"]),
+        flops=_opt(v, "flops", _finite),
+        mean_s=_opt(v, "mean_s", _positive),
+        samples_s=None if samples is None else tuple(_positive(x, "samples_s") for x in samples),
     )
 
 
-def _check_comm_fields(v: dict[str, Any]) -> tuple[str, str, int]:
+def _check_comm_fields(v: Any) -> tuple[str, str, int]:
+    if not isinstance(v, dict):
+        raise ProfileError(f"expected an object, got {type(v).__name__}")
     collective, scope, n = str(v["collective"]), str(v["scope"]), int(v["group_size"])
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}")
@@ -350,7 +378,7 @@ def _check_comm_fields(v: dict[str, Any]) -> tuple[str, str, int]:
     return collective, scope, n
 
 
-def _comm(v: dict[str, Any]) -> CommMeasurement:
+def _comm(v: Any) -> CommMeasurement:
     collective, scope, n = _check_comm_fields(v)
     m = _measurement(v)
     note = None if v.get("note") is None else str(v["note"])
@@ -358,9 +386,20 @@ def _comm(v: dict[str, Any]) -> CommMeasurement:
                            m.mean_s, m.samples_s)  # fmt: skip
 
 
-def _fit(v: dict[str, Any]) -> AlphaBetaFit:
+def _fit(v: Any) -> AlphaBetaFit:
     collective, scope, n = _check_comm_fields(v)
     return AlphaBetaFit(
-        collective, scope, n, float(v["alpha_s"]), _positive(v["beta_s_per_byte"], "beta_s_per_byte"),
+        collective, scope, n, _finite(v["alpha_s"], "alpha_s"), _positive(v["beta_s_per_byte"], "beta_s_per_byte"),
         int(v.get("points", 0)),
     )  # fmt: skip
+
+
+def _compute_fit(v: Any) -> ComputeFit:
+    return ComputeFit(str(v["family"]), _finite(v["alpha_s"], "alpha_s"),
+                      _positive(v["beta_s_per_unit"], "beta_s_per_unit"), int(v.get("points", 0)))  # fmt: skip
+
+
+def _interference(v: Any) -> Interference:
+    return Interference(str(v["scope"]), int(v["group_size"]), int(v["bytes"]),
+                        _finite(v["compute_slowdown"], "compute_slowdown"),
+                        _finite(v["comm_slowdown"], "comm_slowdown"))  # fmt: skip

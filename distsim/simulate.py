@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -13,7 +14,8 @@ import pandas as pd
 from distsim import engine
 from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, CostSource
-from distsim.events import EventFlow, FlowOptions, build_flow
+from distsim.errors import DistsimError
+from distsim.events import EventFlow, FlowOptions, build_flow, estimate_tasks
 from distsim.memory import MemoryEstimate, estimate_memory
 from distsim.models.graph import Model
 from distsim.plan import Plan
@@ -176,6 +178,66 @@ def _plan_detail(plan: Plan) -> str:
     return f"mbs={plan.micro_batch_size} mb={plan.micro_batches} schedule={plan.schedule}: {stages}"
 
 
+DEFAULT_MAX_TASKS = 5_000_000
+"""Most tasks one simulate() call may run (tasks of the event flow times the runs: 1, or ``samples``); above it the
+call is refused before anything is built. Measured on this project's machine (AMD EPYC, 2 cores; peak RSS from
+``/usr/bin/time``, the slope between two sizes): a deterministic run costs 530-700 bytes and 8-11 us per task
+(gpt2-345m on distsim-testbed, 2M4P2D: M=10,000 is 2.05 M tasks, 1.17 GB, 23 s; M=40,000 is 8.2 M tasks, 4.3 GB,
+84 s; 8M2P1D with every GPU simulated, whose collectives span 8 GPUs: 690 bytes, 8 us), each further stochastic run
+about 2.5 us per task and no memory. So an allowed run stays under about 3.5 GB and a minute; ``max_tasks`` raises
+the limit (the CLI's ``--max-tasks``)."""
+
+
+class SimulationTooLarge(DistsimError):
+    """A simulation that would run more tasks than the limit it was given."""
+
+
+def estimate_size(
+    model: Model,
+    cluster: Cluster,
+    strategy: Strategy | Plan,
+    costs: CostSource | None = None,
+    options: FlowOptions | None = None,
+    samples: int = 0,
+) -> tuple[int, int]:
+    """(tasks of the event flow, runs) that :func:`simulate` with these arguments would execute, computed from the
+    strategy or plan and the model without building anything (the strategy is validated on the way)."""
+    costs = costs if costs is not None else AnalyticCosts(cluster)
+    options, target = _resolve(strategy, options or FlowOptions(), samples)
+    if isinstance(target, Plan):
+        from distsim.plan_flow import estimate_plan_tasks
+
+        tasks = estimate_plan_tasks(model, cluster, target, costs, replace(options, symmetric=False))
+    else:
+        tasks = estimate_tasks(model, cluster, target, costs, options)
+    return tasks, max(1, samples)
+
+
+def _resolve(strategy: Strategy | Plan, options: FlowOptions, samples: int) -> tuple[FlowOptions, Strategy | Plan]:
+    """Stochastic runs simulate every GPU; a uniform plan is its strategy."""
+    if samples > 0:
+        options = replace(options, symmetric=False)
+    if isinstance(strategy, Plan) and strategy.strategy is not None:
+        return options, strategy.strategy
+    return options, strategy
+
+
+def check_size(tasks: int, runs: int, max_tasks: int | None) -> None:
+    """Refuse (one line: the estimate, the limit, how to lift it) a simulation of more than `max_tasks` tasks."""
+    if max_tasks is None or tasks * runs <= max_tasks:
+        return
+    if runs > 1:
+        what = f"about {tasks * runs:,} tasks ({tasks:,} per run x {runs:,} samples)"
+        fix = "use fewer --samples"
+    else:
+        what = f"about {tasks:,} tasks"
+        fix = "use fewer micro-batches"
+    raise SimulationTooLarge(
+        f"this simulation would run {what}, above the limit of {max_tasks:,}; {fix}, or raise the limit with "
+        "--max-tasks (max_tasks= in Python)"
+    )
+
+
 def simulate(
     model: Model,
     cluster: Cluster,
@@ -184,6 +246,8 @@ def simulate(
     options: FlowOptions | None = None,
     samples: int = 0,
     seed: int = 0,
+    max_tasks: int | None = DEFAULT_MAX_TASKS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Predict one training iteration of `model` on `cluster` under `strategy` (or a :class:`~distsim.plan.Plan`,
     whose stages may differ in layers and replicas).
@@ -195,28 +259,29 @@ def simulate(
     iteration time over the runs with the expected timeline (the mean start and end of every event). Ranks that
     synchronise wait for the slowest, so the expected iteration is longer than the iteration of expected durations
     (Jensen's inequality on max); the deterministic mode computes the latter.
+
+    Before building anything, the tasks the simulation would run (see :func:`estimate_size`) are checked against
+    `max_tasks` (None: no limit); beyond it :class:`SimulationTooLarge` says by how much. `progress`, if given, is
+    called as ``progress(done, samples)`` after each stochastic run.
     """
     t0 = time.perf_counter()
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
-    if samples > 0:
-        options = replace(options, symmetric=False)
-    plan = None
-    if isinstance(strategy, Plan):
-        if strategy.strategy is None:
-            plan = strategy
-        else:
-            strategy = strategy.strategy
+    check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
+    options, target = _resolve(strategy, options, samples)
+    plan = target if isinstance(target, Plan) else None
     if plan is not None:
         from distsim.plan_flow import build_plan_flow
 
         flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
         strategy = flow.strategy
     else:
+        assert isinstance(target, Strategy)
+        strategy = target
         flow = build_flow(model, cluster, strategy, costs, options)
     sampled: list[float] | None = None
     if samples > 0:
-        result, sampled = _stochastic(flow, samples, seed)
+        result, sampled = _stochastic(flow, samples, seed, progress)
     else:
         result = engine.run(flow.duration_s, flow.deps)
     timeline = from_flow(flow, result.start_s, result.end_s)
@@ -230,7 +295,9 @@ def simulate(
                      sorted(sampled) if sampled else None, plan)  # fmt: skip
 
 
-def _stochastic(flow: EventFlow, samples: int, seed: int) -> tuple[engine.EngineResult, list[float]]:
+def _stochastic(
+    flow: EventFlow, samples: int, seed: int, progress: Callable[[int, int], None] | None = None
+) -> tuple[engine.EngineResult, list[float]]:
     """Run the flow `samples` times with durations drawn from the measured repetitions of each event."""
     rng = np.random.default_rng(seed)
     base = np.asarray(flow.duration_s, dtype=float)
@@ -252,4 +319,6 @@ def _stochastic(flow: EventFlow, samples: int, seed: int) -> tuple[engine.Engine
         start_sum += run.start_s
         end_sum += run.end_s
         makespans.append(run.makespan_s)
+        if progress is not None:
+            progress(len(makespans), samples)
     return engine.EngineResult((start_sum / samples).tolist(), (end_sum / samples).tolist()), makespans

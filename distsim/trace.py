@@ -21,8 +21,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from distsim.checks import positive_int
 from distsim.errors import DistsimError
 from distsim.timeline import COLUMNS, Timeline
 
@@ -78,6 +80,10 @@ class Trace:
         plan = data.get("plan")
         if not isinstance(plan, dict) or any(k not in plan for k in PLAN_KEYS):
             raise TraceError(f"{where}: the plan must give {', '.join(PLAN_KEYS)}")
+        plan = {**plan, "nodes": positive_int(plan["nodes"], f"{where}: plan nodes", TraceError)}
+        for key in ("model", "cluster", "strategy"):
+            if not isinstance(plan[key], str):
+                raise TraceError(f"{where}: plan {key} must be a string, got {plan[key]!r}")
         frames = []
         try:
             for it in data.get("iterations", []):
@@ -85,6 +91,9 @@ class Trace:
                 df = pd.DataFrame({c: cols[c] for c in COLUMNS})
                 for c in ("stream", "kind", "name"):
                     df[c] = df[c].astype("category")
+                times = df[["start_s", "end_s"]].to_numpy(dtype=float)
+                if not np.isfinite(times).all():
+                    raise TraceError(f"{where}: iteration {len(frames)} has a start_s or end_s that is not finite")
                 frames.append(df)
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceError(f"{where}: malformed iteration ({exc.__class__.__name__}: {exc})") from None

@@ -205,7 +205,7 @@ def test_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert slow["cluster"] == "mine" and slow["iteration_time_s"] > json.loads(out)["iteration_time_s"]
     cluster.write_text("base: dgx-a100\nnodes: two\n")
     code, _, err = run(["simulate", "--model", "gpt2-345m", "--cluster", str(cluster), "--strategy", "1M1P16D"], capsys)
-    assert code == 2 and "nodes must be a number, got 'two'" in err
+    assert code == 2 and "nodes must be a positive integer, got 'two'" in err
 
 
 def test_profile_file_is_used_and_strict_refuses_gaps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

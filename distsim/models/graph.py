@@ -12,6 +12,7 @@ T5's encoder output and Inception's branches are carried correctly).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
@@ -21,6 +22,13 @@ import networkx as nx
 from distsim.errors import ModelFileError
 
 TPSplit = Literal["shard", "replicate", "none"]
+
+MAX_LAYERS = 10_000
+"""Most layers one model may have: a file's layers (repeats expanded) plus its transformer stack, or a zoo spec's
+``layers=``; checked before any layer is built. The largest real models have 100-300 graph layers (GPT-3 175B: 96
+transformer layers, 98 here with embedding and head; Megatron-Turing NLG 530B: 105; Inception-v3 here: 120), so
+this is far above any of them and keeps a model's own size and its partitioning small. The event flow's size is
+bounded separately (``distsim.simulate`` refuses more than ``max_tasks`` tasks)."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +87,11 @@ class Block:
             raise ModelFileError(f"block {self.op!r}: tp must be shard, replicate or none, not {self.tp!r}")
         if not 0 <= self.replicated_params <= self.params:
             raise ModelFileError(f"block {self.op!r}: replicated_params must be between 0 and params")
-        for name in ("fwd_flops", "params", "io_bytes", "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes"):
-            if getattr(self, name) < 0:
-                raise ModelFileError(f"block {self.op!r}: {name} must be >= 0")
-        for name in ("fwd_s", "bwd_s"):
+        for name in ("fwd_flops", "params", "io_bytes", "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "fwd_s",
+                     "bwd_s"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ModelFileError(f"block {self.op!r}: {name} must be >= 0")
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ModelFileError(f"block {self.op!r}: {name} must be a finite number >= 0, got {value!r}")
 
     @property
     def has_given_time(self) -> bool:
@@ -118,6 +124,12 @@ class Layer:
     tied_to: str | None = None
     """Layer whose weights this one shares (an LM head tied to the embedding): stored once when both are on the
     same pipeline rank; a rank holding only this layer keeps its own copy (as Megatron-LM's last stage does)."""
+
+    def __post_init__(self) -> None:
+        for name in ("out_bytes", "saved_bytes", "saved_sharded_bytes"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ModelFileError(f"layer {self.name!r}: {name} must be a finite number >= 0, got {value!r}")
 
     @property
     def params(self) -> int:

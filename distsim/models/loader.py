@@ -30,9 +30,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from distsim.checks import integer, number, positive_int
 from distsim.errors import ModelFileError
-from distsim.models.graph import PRECISIONS, Block, Layer, Model
-from distsim.models.transformer import decoder_only
+from distsim.models.graph import MAX_LAYERS, PRECISIONS, Block, Layer, Model
+from distsim.models.transformer import check_dims, decoder_only
 
 _MODEL_KEYS = {
     "name",
@@ -62,14 +63,7 @@ def _check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
 
 
 def _num(data: dict[str, Any], key: str, where: str, default: float = 0.0) -> float:
-    value = data.get(key, default)
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ModelFileError(f"{where}: {key} must be a number, got {value!r}") from None
-    if out < 0:
-        raise ModelFileError(f"{where}: {key} must be >= 0, got {value!r}")
-    return out
+    return number(data.get(key, default), f"{where}: {key}", ModelFileError)
 
 
 def _opt_num(data: dict[str, Any], key: str, where: str) -> float | None:
@@ -84,7 +78,7 @@ def _block(data: dict[str, Any], where: str, default_op: str) -> Block:
         raise ModelFileError(f"{where}: shape must be a mapping of dimension names to integers")
     return Block(
         op=str(data.get("op", default_op)),
-        shape=tuple((str(k), int(v)) for k, v in shape.items()),
+        shape=tuple((str(k), integer(v, f"{where}: shape {k}", ModelFileError, minimum=0)) for k, v in shape.items()),
         fwd_flops=_num(data, "flops", where),
         params=int(_num(data, "params", where)),
         io_bytes=_num(data, "io_bytes", where),
@@ -96,13 +90,14 @@ def _block(data: dict[str, Any], where: str, default_op: str) -> Block:
     )
 
 
-def _layers(entry: Any, index: int) -> list[Layer]:
-    where = f"layers[{index}]"
+def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
+    """The layers of one entry (`repeat` copies), at most `room` of them (what MAX_LAYERS leaves)."""
+    where = f"{file} layers[{index}]"
     if not isinstance(entry, dict):
         raise ModelFileError(f"{where}: each layer must be a mapping, got {type(entry).__name__}")
     _check_keys(entry, _LAYER_KEYS, where)
     name = str(entry.get("name", f"layer{index}"))
-    where = f"layer {name!r}"
+    where = f"{file} layer {name!r}"
     if "blocks" in entry:
         blocks_data = entry["blocks"]
         if not isinstance(blocks_data, list) or not blocks_data:
@@ -120,9 +115,9 @@ def _layers(entry: Any, index: int) -> list[Layer]:
     inputs = entry.get("inputs")
     if inputs is not None and not isinstance(inputs, list):
         raise ModelFileError(f"{where}: inputs must be a list of layer names")
-    repeat = int(_num(entry, "repeat", where, 1))
-    if repeat < 1:
-        raise ModelFileError(f"{where}: repeat must be >= 1")
+    repeat = positive_int(entry.get("repeat", 1), f"{where}: repeat", ModelFileError, MAX_LAYERS)
+    if repeat > room:
+        raise ModelFileError(f"{where}: repeat {repeat:,} takes the model past the limit of {MAX_LAYERS:,} layers")
     out = []
     for k in range(repeat):
         layer_inputs = tuple(map(str, inputs)) if inputs is not None and k == 0 else None
@@ -163,20 +158,9 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
         missing = [k for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in t]
         if missing:
             raise ModelFileError(f"{where}: transformer needs {', '.join(missing)}")
-        try:
-            stack = decoder_only(
-                name,
-                int(t["layers"]),
-                int(t["hidden"]),
-                int(t["heads"]),
-                int(t["seq"]),
-                int(t["vocab"]),
-                source="",
-                f=int(t["ffn"]) if "ffn" in t else None,
-                precision=precision,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ModelFileError(f"{where}: transformer dimensions must be integers ({exc})") from None
+        d = check_dims(t, f"{where} transformer")
+        stack = decoder_only(name, d["layers"], d["hidden"], d["heads"], d["seq"], d["vocab"], source="",
+                             f=d.get("ffn"), precision=precision)  # fmt: skip
         layers += stack.layers
         constraints += stack.tp_constraints
         pipeline_layers = stack.pipeline_layers
@@ -185,19 +169,18 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
     if not isinstance(raw_layers, list):
         raise ModelFileError(f"{where}: layers must be a list")
     for i, entry in enumerate(raw_layers):
-        layers += _layers(entry, i)
+        layers += _layers(entry, i, MAX_LAYERS - len(layers), where)
     tc = data.get("tp_constraints", {})
     if not isinstance(tc, dict):
         raise ModelFileError(f"{where}: tp_constraints must map a dimension name to its size")
-    constraints += [(str(k), int(v)) for k, v in tc.items()]
+    constraints += [(str(k), positive_int(v, f"{where}: tp_constraints {k}", ModelFileError)) for k, v in tc.items()]
     if "pipeline_layers" in data:
-        pipeline_layers = data["pipeline_layers"]
-        if pipeline_layers is not None and (not isinstance(pipeline_layers, int) or pipeline_layers < 1):
-            raise ModelFileError(f"{where}: pipeline_layers must be a positive integer or null")
+        raw = data["pipeline_layers"]
+        pipeline_layers = None if raw is None else positive_int(raw, f"{where}: pipeline_layers", ModelFileError)
     return Model(
         name=name,
         layers=tuple(layers),
-        seq_len=None if seq_len is None else int(seq_len),
+        seq_len=None if seq_len is None else positive_int(seq_len, f"{where}: seq_len", ModelFileError),
         tp_constraints=tuple(constraints),
         precision=precision,
         pipeline_layers=pipeline_layers,

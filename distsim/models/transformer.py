@@ -12,9 +12,27 @@ per sample) after the attention block and after the MLP block in forward, and on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
-from distsim.models.graph import FP16_MIXED, Block, Layer, Model, Precision
+from distsim.checks import positive_int
+from distsim.errors import ModelFileError
+from distsim.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
+
+
+def check_dims(dims: Mapping[str, Any], where: str) -> dict[str, int]:
+    """Transformer dimensions (layers, hidden, heads, seq, vocab, ffn, dec_seq; None: not given) as positive
+    integers, layers at most MAX_LAYERS and hidden divisible by heads (each head gets hidden/heads dimensions).
+    Errors name `where`, the key and the value."""
+    out = {k: positive_int(v, f"{where}: {k}", ModelFileError, MAX_LAYERS if k == "layers" else None)
+           for k, v in dims.items() if v is not None}  # fmt: skip
+    if "hidden" in out and "heads" in out and out["hidden"] % out["heads"]:
+        raise ModelFileError(
+            f"{where}: hidden ({out['hidden']}) must be divisible by heads ({out['heads']}), "
+            "as each attention head gets hidden/heads dimensions"
+        )
+    return out
 
 
 def pad_vocab(vocab: int, multiple: int = 128) -> int:
@@ -164,6 +182,7 @@ def decoder_only(
     description: str = "",
 ) -> Model:
     """GPT-style (or BERT-style encoder-only) stack: embedding, N layers, LM head."""
+    check_dims({"layers": layers, "hidden": h, "heads": a, "seq": s, "vocab": vocab, "ffn": f}, f"model {name}")
     f = f or 4 * h
     v = pad_vocab(vocab)
     body = [embedding_layer("embedding", v, h, s, precision)]
@@ -195,6 +214,13 @@ def encoder_decoder(
     precision: Precision = FP16_MIXED,
 ) -> Model:
     """T5-style model: the encoder output feeds every decoder layer's cross-attention (a DAG, not a chain)."""
+    check_dims({"layers": enc_layers, "hidden": h, "heads": a, "ffn": f, "seq": enc_seq, "dec_seq": dec_seq,
+                "vocab": vocab}, f"model {name} (encoder)")  # fmt: skip
+    check_dims({"layers": dec_layers}, f"model {name} (decoder)")
+    if enc_layers + dec_layers > MAX_LAYERS:
+        raise ModelFileError(
+            f"model {name}: {enc_layers:,} + {dec_layers:,} layers is above the limit of {MAX_LAYERS:,}"
+        )
     v = pad_vocab(vocab)
     body = [embedding_layer("enc_embedding", v, h, enc_seq, precision, positions=False)]
     body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision) for i in range(enc_layers)]
