@@ -20,7 +20,7 @@ from distsim.memory import MemoryEstimate, estimate_memory
 from distsim.models.graph import Model
 from distsim.plan import Plan
 from distsim.strategy import Strategy
-from distsim.timeline import GPUStats, Timeline, from_flow
+from distsim.timeline import GPUStats, Timeline, flow_stats, from_flow
 
 
 @dataclass
@@ -34,11 +34,11 @@ class SimResult:
     flow: EventFlow = field(repr=False)
     tasks: engine.EngineResult = field(repr=False)
     """Start and end of every task of the flow (index = task id)."""
-    timeline: Timeline = field(repr=False)
     memory: list[MemoryEstimate]
     cost_source: str
     wall_time_s: float
-    """Seconds the simulation itself took (build + engine + timeline)."""
+    """Seconds the simulation itself took (building the event flow and running it; the timeline is built when first
+    asked for)."""
     sampled_iteration_s: list[float] | None = None
     """Stochastic simulation: the iteration time of every sampled run (sorted); None when deterministic."""
     plan: Plan | None = None
@@ -50,7 +50,16 @@ class SimResult:
         """The iteration time; with stochastic simulation the median over the sampled runs."""
         if self.sampled_iteration_s:
             return float(np.median(self.sampled_iteration_s))
-        return self.timeline.iteration_time_s
+        return self._stats[0]
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """The simulated GPUs' timeline (built when first asked for: a grid search needs only the metrics)."""
+        return from_flow(self.flow, self.tasks.start_s, self.tasks.end_s)
+
+    @cached_property
+    def _stats(self) -> tuple[float, list[GPUStats]]:
+        return flow_stats(self.flow, self.tasks.start_s, self.tasks.end_s)
 
     @property
     def num_gpus(self) -> int:
@@ -77,9 +86,10 @@ class SimResult:
             return None
         return self.throughput_samples_per_s * self.model.seq_len
 
-    @cached_property
+    @property
     def per_gpu(self) -> list[GPUStats]:
-        return self.timeline.gpu_stats()
+        """Busy compute, communication, exposed communication and idle seconds of every GPU."""
+        return self._stats[1]
 
     @property
     def bubble_fraction(self) -> float:
@@ -284,14 +294,13 @@ def simulate(
         result, sampled = _stochastic(flow, samples, seed, progress)
     else:
         result = engine.run(flow.duration_s, flow.deps)
-    timeline = from_flow(flow, result.start_s, result.end_s)
     stage_samples = None
     if plan is not None:
         stage_samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
     memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes,
                              stage_samples)  # fmt: skip
     elapsed = time.perf_counter() - t0
-    return SimResult(model, cluster, strategy, options, flow, result, timeline, memory, costs.name, elapsed,
+    return SimResult(model, cluster, strategy, options, flow, result, memory, costs.name, elapsed,
                      sorted(sampled) if sampled else None, plan)  # fmt: skip
 
 

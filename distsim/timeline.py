@@ -118,26 +118,10 @@ class Timeline:
     # ------------------------------------------------------------------------------------------------- metrics
     def gpu_stats(self) -> list[GPUStats]:
         """Busy compute, communication, exposed communication and idle seconds of every GPU (expanded)."""
-        t0 = float(self.df["start_s"].min()) if not self.df.empty else 0.0
-        iteration = self.iteration_time_s
-        out: list[GPUStats] = []
-        groups = dict(tuple(self.df.groupby("gpu", sort=True, observed=True)))
-        for rep, targets in sorted(self.represents.items()):
-            rows = groups.get(rep)
-            if rows is None:
-                stats = (0.0, 0.0, 0.0, iteration)
-            else:
-                kind = rows["kind"].astype(str).to_numpy()
-                s = rows["start_s"].to_numpy() - t0
-                e = rows["end_s"].to_numpy() - t0
-                is_compute = np.isin(kind, COMPUTE_KINDS)
-                compute = union_length(s[is_compute], e[is_compute])
-                comm = union_length(s[~is_compute], e[~is_compute])
-                busy = union_length(s, e)
-                stats = (compute, comm, busy - compute, iteration - busy)
-            for g in targets:
-                out.append(GPUStats(g, g // self.gpus_per_node, *stats))
-        return sorted(out, key=lambda x: x.gpu)
+        df = self.df
+        is_compute = np.isin(df["kind"].astype(str).to_numpy(), COMPUTE_KINDS)
+        return stats_of_rows(df["gpu"].to_numpy(), is_compute, df["start_s"].to_numpy(), df["end_s"].to_numpy(),
+                             self.represents, self.gpus_per_node)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------- exports
     def chrome_trace_events(self, expand: bool = False) -> Iterator[dict[str, Any]]:
@@ -166,9 +150,35 @@ def _ranges(values: tuple[int, ...]) -> str:
     return ", ".join(out)
 
 
-def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
-    """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
-    from distsim.events import KINDS, STREAMS
+def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                  represents: dict[int, tuple[int, ...]], gpus_per_node: int) -> list[GPUStats]:  # fmt: skip
+    """:meth:`Timeline.gpu_stats` of rows given as arrays (any order): what a timeline's metrics need, without
+    building the timeline (a grid search only wants the metrics)."""
+    t0 = float(start_s.min()) if len(start_s) else 0.0
+    iteration = float(end_s.max() - t0) if len(end_s) else 0.0
+    order = np.argsort(gpu, kind="stable")
+    ids, first = np.unique(gpu[order], return_index=True)
+    bounds = dict(zip(ids.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(order)], strict=True), strict=True))
+    out: list[GPUStats] = []
+    for rep, targets in sorted(represents.items()):
+        if rep not in bounds:
+            stats = (0.0, 0.0, 0.0, iteration)
+        else:
+            rows = order[slice(*bounds[rep])]
+            c, s, e = is_compute[rows], start_s[rows] - t0, end_s[rows] - t0
+            compute = union_length(s[c], e[c])
+            comm = union_length(s[~c], e[~c])
+            busy = union_length(s, e)
+            stats = (compute, comm, busy - compute, iteration - busy)
+        for g in targets:
+            out.append(GPUStats(g, g // gpus_per_node, *stats))
+    return sorted(out, key=lambda x: x.gpu)
+
+
+def _slot_rows(flow: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(task index, gpu, stream) of every timeline row of a flow: one per (gpu, stream) slot of every task but the
+    interference shadows."""
+    from distsim.events import KINDS
 
     shadow = KINDS.index("interference")
     slots = [x if k != shadow else () for x, k in zip(flow.slots, flow.kind, strict=True)]  # shadows: no rows
@@ -176,7 +186,26 @@ def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
     n = int(counts.sum())
     gpu = np.fromiter((g for x in slots for g, _ in x), dtype=np.int64, count=n)
     stream = np.fromiter((s for x in slots for _, s in x), dtype=np.int8, count=n)
-    idx = np.repeat(np.arange(len(slots)), counts)
+    return np.repeat(np.arange(len(slots)), counts), gpu, stream
+
+
+def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, list[GPUStats]]:
+    """The iteration time and per-GPU stats of an executed flow, equal to those of :func:`from_flow`'s timeline."""
+    from distsim.events import KINDS
+
+    idx, gpu, _ = _slot_rows(flow)
+    compute = np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in COMPUTE_KINDS])
+    kind = np.asarray(flow.kind, dtype=np.int8)[idx]
+    start, end = np.asarray(start_s, dtype=np.float64)[idx], np.asarray(end_s, dtype=np.float64)[idx]
+    iteration = float(end.max() - start.min()) if len(idx) else 0.0
+    return iteration, stats_of_rows(gpu, compute[kind], start, end, dict(flow.represents), flow.cluster.gpus_per_node)
+
+
+def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
+    """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
+    from distsim.events import KINDS, STREAMS
+
+    idx, gpu, stream = _slot_rows(flow)
     kind = np.asarray(flow.kind, dtype=np.int8)[idx]
     names = pd.Categorical(flow.name)
     df = pd.DataFrame(

@@ -211,3 +211,12 @@ def test_chains_emit_exactly_the_tasks_of_the_op_by_op_builder(sc: Scenario) -> 
         events._Builder._action_on_one_gpu = one_gpu  # type: ignore[method-assign]
     for attr in ("duration_s", "deps", "slots", "kind", "name", "layer", "stage", "microbatch", "key", "keys"):
         assert getattr(chained, attr) == getattr(op_by_op, attr), attr
+
+
+@SETTINGS
+@given(scenarios())
+def test_metrics_from_the_flow_equal_those_of_the_timeline(sc: Scenario) -> None:
+    """The metrics come from the flow's arrays (a grid search never builds the timeline); the timeline agrees."""
+    r = _run(sc)
+    metrics = (r.iteration_time_s, r.per_gpu)
+    assert metrics == (r.timeline.iteration_time_s, r.timeline.gpu_stats())
