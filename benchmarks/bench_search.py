@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from typing import Any
+
+from machine import describe
 
 from distsim import AnalyticCosts, get_cluster, get_model
 from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
@@ -40,8 +41,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{args.workers} workers, median of {args.repeats}\n")  # fmt: skip
+    print(f"{describe()}; {args.workers} workers, median of {args.repeats}\n")
 
     model, cluster = get_model("gpt3-175b"), get_cluster("dgx-a100")
     costs = AnalyticCosts(cluster)

@@ -13,22 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from machine import describe
 
 
 def case(gpus: int, fmt: str, directory: str) -> dict[str, float]:
@@ -75,7 +65,7 @@ def main() -> None:
         print(json.dumps(case(int(args.case[0]), args.case[1], args.dir)))
         return
     formats = args.formats.split(",") + (["old"] if args.old else [])
-    print(f"{cpu_model()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(describe())
     print("gpt3-175b on dgx-a100, 8M16P{D}D, M=64, 1F1B, simulate --all-gpus; write only, one process per case\n")
     print(f"{'GPUs':>6} {'format':<8} {'events':>12} {'seconds':>8} {'MB written':>11} {'peak RSS MB':>12} "
           f"{'(after sim)':>11}")  # fmt: skip
