@@ -133,10 +133,24 @@ def interleaved(num_ranks: int, chunks: int, num_microbatches: int) -> Schedule:
     return Schedule(f"interleaved-v{v}", pp, pp * v, m, tuple(ranks))
 
 
+MAX_ACTIONS = 5_000_000
+"""Most actions (2 x micro-batches x stages) a schedule may have: its simulation would run at least as many tasks,
+more than a simulation is allowed (:data:`distsim.simulate.DEFAULT_MAX_TASKS`)."""
+
+
+def check_schedule_size(micro_batches: int, stages: int) -> None:
+    """Refuse, in one line, a schedule too large to build (a typo such as --micro-batches 1000000000)."""
+    actions = 2 * micro_batches * stages
+    if actions > MAX_ACTIONS:
+        raise ScheduleError(f"{micro_batches:,} micro-batches over {stages} stage(s) make {actions:,} schedule "
+                            f"actions, above the limit of {MAX_ACTIONS:,}; use fewer micro-batches")  # fmt: skip
+
+
 def build_schedule(strategy: Strategy) -> Schedule:
     """The strategy's validated schedule. Schedules are immutable values, so equal parameters share one (a grid
     search asks for the same schedule for its memory check and its simulation, and across configurations)."""
     s = strategy
+    check_schedule_size(s.num_micro_batches, s.num_stages)
     return _schedule(s.schedule, s.pp, s.num_micro_batches, s.warmup_policy, s.max_in_flight, s.chunks)
 
 

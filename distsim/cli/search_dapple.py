@@ -67,8 +67,8 @@ def dapple(**kw: Any) -> None:
       distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
     """
     from distsim.io import write_figure, write_plan
-    from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
-    from distsim.simulate import simulate
+    from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple, shortlist
+    from distsim.simulate import DEFAULT_MAX_TASKS, simulate
 
     stdout_taken = check_outputs(kw, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
     model, cluster, gpus = model_and_gpus(kw)
@@ -135,6 +135,10 @@ def dapple(**kw: Any) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     lines = [_dapple_report(result, checked, chosen, kw["choose"]), *(f"wrote {path}" for path in written)]
+    left_out = len(shortlist(result)) - len(checked)
+    if left_out:
+        lines.append(f"note: {left_out} shortlisted plan(s) left out: too many micro-batches to simulate (over "
+                     f"{DEFAULT_MAX_TASKS:,} tasks); --micro-batches picks the counts to plan")  # fmt: skip
     if kw["plan_out"] and chosen is not None and kw["plan_out"] != "-":
         lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot dapple.png")
     click.echo("\n".join(lines), err=bool(stdout_taken))

@@ -240,26 +240,32 @@ def check_with_simulator(
     costs: CostSource | None = None,
     policies: Sequence[str] = ("A", "B"),
     progress: Callable[[int, int, int], None] | None = None,
+    max_tasks: int | None = None,
 ) -> list[Checked]:
     """Simulate every shortlisted plan (:func:`shortlist`) under each warm-up policy.
 
     DAPPLE's latency model ignores the bubbles inside the pivot stage; they grow when a pipeline has about as
     many stages as micro-batches, so the planner's favourite is not always the simulator's. Choosing among the
-    shortlist by simulation keeps the planner's search and the simulator's accuracy.
+    shortlist by simulation keeps the planner's search and the simulator's accuracy. Plans whose simulation would
+    run more than `max_tasks` tasks (default: the simulator's limit) are left out (the shortlist is longer than
+    the answer then).
     """
-    from distsim.simulate import simulate
+    from distsim.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
 
     costs = costs if costs is not None else AnalyticCosts(result.cluster)
+    limit = DEFAULT_MAX_TASKS if max_tasks is None else max_tasks
     if result.spec.schedule == "gpipe":
         policies = ("A",)
     items = shortlist(result)
     out = []
     for i, (label, cand) in enumerate(items, start=1):
-        sims = {
-            p: simulate(result.model, result.cluster, result.plan(cand, warmup_policy=p), costs).iteration_time_s
-            for p in policies
-        }
-        out.append(Checked(label, cand, sims))
+        tasks, _ = estimate_size(result.model, result.cluster, result.plan(cand), costs)
+        if tasks <= limit:
+            sims = {
+                p: simulate(result.model, result.cluster, result.plan(cand, warmup_policy=p), costs).iteration_time_s
+                for p in policies
+            }
+            out.append(Checked(label, cand, sims))
         if progress is not None:
             progress(i, len(items), cand.micro_batches)
     return out

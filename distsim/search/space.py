@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from distsim.cluster import Cluster
-from distsim.errors import DistsimError, StrategyError
+from distsim.errors import DistsimError, ScheduleError, StrategyError
 from distsim.models.graph import Model
+from distsim.schedules import check_schedule_size
 from distsim.strategy import Strategy, check_strategy
 
 
@@ -122,6 +123,7 @@ def _make(
         strategy = Strategy(tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, num_micro_batches=global_batch // (dp * mbs),
                             schedule=schedule, grad_sync=grad_sync, **extra)  # fmt: skip
         check_strategy(strategy, model, cluster)
-    except StrategyError as exc:
+        check_schedule_size(strategy.num_micro_batches, strategy.num_stages)
+    except (StrategyError, ScheduleError) as exc:
         return str(exc)
     return strategy
