@@ -1,11 +1,12 @@
 """Was the machine loaded while it was profiled? Judging the reference timings a profile records (pure).
 
 Every profiling rank times a fixed reference workload (:mod:`distsim.profiler.reference`) when it starts and when it
-ends, and reads the 1-minute load average and its usable cores at the start. The profile keeps them per rank in
+ends, and reads the 1-minute load average, its usable cores and the CPU other processes use (while every rank sleeps
+for half a second) at the start. The profile keeps them per rank in
 ``provenance.load`` (the latest run) and in each ``provenance.runs[].load``::
 
     {"workload": "32 fp32 matmuls of 256x256 per round, median of 7 rounds", "drift_limit": 0.15,
-     "ranks": [{"rank": 0, "host": "vm", "cores": 2, "loadavg_1m": 0.12, "cpu_threads": 1,
+     "ranks": [{"rank": 0, "host": "vm", "cores": 2, "loadavg_1m": 0.12, "busy_cores": 0.01, "cpu_threads": 1,
                 "reference_start_s": 0.0121, "reference_end_s": 0.0124}, ...],
      "warnings": ["..."]}
 
@@ -32,23 +33,36 @@ and the ranks importing torch for a few seconds add about 0.25, while one compet
 adds 0.63 (and 1 when it keeps running)."""
 
 
+BUSY_CORES_MARGIN = 0.25
+"""Cores' worth of CPU that other processes may use, beyond the cores the profiler's ranks leave free, while the
+ranks sleep in the same half second at the start (:func:`distsim.profiler.reference.other_cpu_use`). Measured on this
+project's VM: idle 0.00-0.02; one spinning process 1.00-1.02. Unlike the load average, which still counts work that
+ended a minute ago, this reads what competes now."""
+
+
 def busy_warning(loadavg_1m: float | None, cores: int | None, needed_cores: int, host: str = "",
-                 margin: float = BUSY_MARGIN) -> str | None:  # fmt: skip
+                 margin: float = BUSY_MARGIN, busy_cores: float | None = None) -> str | None:  # fmt: skip
     """A warning when other work competed for the cores at the start, or None.
 
-    The machine is busy when its 1-minute load average exceeds the cores left over by the profiler's own ranks on
-    it (`needed_cores`: the threads of its ranks), plus `margin`: other runnable processes then share the ranks'
-    cores.
+    With `busy_cores` (the CPU other processes used while the ranks slept, in cores) the machine is busy when that
+    exceeds the cores left over by the profiler's own ranks (`needed_cores`: the threads of its ranks) plus
+    :data:`BUSY_CORES_MARGIN`. Without it, when the 1-minute load average exceeds those cores plus `margin`.
     """
-    if loadavg_1m is None or cores is None:
+    if cores is None:
         return None
     free = max(cores - needed_cores, 0)
-    if loadavg_1m <= free + margin:
-        return None
+    used = f"{min(needed_cores, cores)} of them used by the profiler"
     where = f" on {host}" if host else ""
-    return (f"the machine{where} was busy when profiling started: load average {loadavg_1m:.2f} on {cores} cores, "
-            f"{min(needed_cores, cores)} of them used by the profiler; compute timings are likely slow (profile an "
-            "idle machine)")  # fmt: skip
+    if busy_cores is not None:
+        if busy_cores <= free + BUSY_CORES_MARGIN:
+            return None
+        what = f"other processes used {busy_cores:.2f} of its {cores} cores, {used}"
+    else:
+        if loadavg_1m is None or loadavg_1m <= free + margin:
+            return None
+        what = f"load average {loadavg_1m:.2f} on {cores} cores, {used}"
+    return (f"the machine{where} was busy when profiling started: {what}; compute timings are likely slow (profile "
+            "an idle machine)")  # fmt: skip
 
 
 def drift_warning(readings: Iterable[tuple[int, float | None, float | None]], limit: float = DRIFT_LIMIT,
@@ -80,9 +94,9 @@ def load_warnings(ranks: Iterable[dict[str, Any]], limit: float = DRIFT_LIMIT,
         if not cpu:
             continue
         needed = sum(int(r["cpu_threads"]) for r in cpu)
-        busiest = max(cpu, key=lambda r: r.get("loadavg_1m") or 0)
+        busiest = max(cpu, key=lambda r: (r.get("busy_cores") or 0, r.get("loadavg_1m") or 0))
         message = busy_warning(busiest.get("loadavg_1m"), busiest.get("cores"), needed,
-                               host if len(hosts) > 1 else "", margin)  # fmt: skip
+                               host if len(hosts) > 1 else "", margin, busiest.get("busy_cores"))  # fmt: skip
         if message:
             warnings.append(message)
     readings = [(int(r.get("rank", 0)), r.get("reference_start_s"), r.get("reference_end_s")) for r in ranks]
@@ -144,7 +158,8 @@ def describe_load(load: dict[str, Any]) -> list[str]:
         ref = " -> ".join(f"{v * 1e3:.1f} ms" for v in (start, end) if v)
         change = f" ({end / start - 1:+.0%})" if start and end else ""
         host = f" on {r['host']}" if r.get("host") else ""
-        avg = r.get("loadavg_1m")
+        avg, busy = r.get("loadavg_1m"), r.get("busy_cores")
         machine = f", load average {avg:.2f} on {r.get('cores', '?')} cores" if avg is not None else ""
+        machine += f", others using {busy:.2f} cores at the start" if busy is not None else ""
         lines.append(f"rank {r.get('rank', '?')}{host}: reference {ref}{change}{machine}")
     return lines

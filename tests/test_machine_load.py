@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from distsim.machine_load import (
+    BUSY_CORES_MARGIN,
     BUSY_MARGIN,
     DRIFT_LIMIT,
     busy_warning,
@@ -59,6 +60,18 @@ def test_a_busy_machine_at_the_start_is_reported() -> None:
     assert load_warnings([rank(0, load=1.0)]) == []
     assert load_warnings([rank(load=1.0, threads=2)]) != []
     assert load_warnings([rank(load=9.0, threads=None)]) == []  # GPU ranks are not judged by the CPU's load
+
+
+def test_what_other_processes_use_now_decides_over_the_load_average() -> None:
+    """The load average still counts work that ended a minute ago; the CPU others use while the ranks sleep does
+    not (on this VM: 0.00-0.02 cores idle, 1.00-1.02 with one spinning process)."""
+    assert busy_warning(0.57, 2, 2, busy_cores=0.02) is None  # the average remembers, the machine is idle now
+    busy = busy_warning(0.1, 2, 2, busy_cores=1.01)
+    assert busy is not None and "other processes used 1.01 of its 2 cores, 2 of them used by the profiler" in busy
+    assert busy_warning(0.1, 2, 1, busy_cores=1.01) is None  # one single-threaded rank leaves a core free
+    assert busy_warning(0.1, 2, 2, busy_cores=BUSY_CORES_MARGIN) is None  # the margin itself is allowed
+    assert load_warnings([{**rank(0, load=1.0), "busy_cores": 0.0}, {**rank(1, load=1.0), "busy_cores": 0.01}]) == []
+    assert load_warnings([{**rank(0, load=0.0), "busy_cores": 0.9}, {**rank(1, load=0.0), "busy_cores": 0.8}]) != []
 
 
 def test_one_busy_warning_per_host_naming_it() -> None:

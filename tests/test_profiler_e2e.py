@@ -44,7 +44,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     assert load == db["provenance"]["runs"][0]["load"] and "matmuls" in load["workload"]
     assert [r["rank"] for r in load["ranks"]] == [0, 1] and isinstance(load["warnings"], list)
     for r in load["ranks"]:
-        assert r["reference_start_s"] > 0 and r["reference_end_s"] > 0 and r["cores"] >= 1
+        assert r["reference_start_s"] > 0 and r["reference_end_s"] > 0 and r["cores"] >= 1 and "busy_cores" in r
         assert r["loadavg_1m"] >= 0 and r["cpu_threads"] == 1
     for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):
         sim = distsim("simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,

@@ -228,11 +228,14 @@ def _reference_at_start(reading: dict[str, Any], device: Any, world: int, existi
     import statistics
 
     from distsim.machine_load import DRIFT_LIMIT, extension_warning, load_warnings
-    from distsim.profiler.reference import reference_workload, time_reference
+    from distsim.profiler.reference import other_cpu_use, reference_workload, time_reference
 
     if world > 1:
         import torch.distributed as dist
 
+        dist.barrier()
+    reading["busy_cores"] = other_cpu_use()  # every rank sleeps through the same window
+    if world > 1:
         dist.barrier()
     reading["reference_start_s"] = round(time_reference(device), 7)
     ranks = sorted(_gather(reading, world), key=lambda r: r["rank"])
