@@ -56,6 +56,18 @@ def _target(path: Path, kind: str) -> Path:
     return Path(os.path.realpath(path)) if kind in ("regular", "new") else path
 
 
+def is_stdout(path: str | Path | None) -> bool:
+    """Whether `path` writes to this process's standard output: ``-``, or a name for the same file (/dev/stdout)."""
+    if path is None or str(path) == "":
+        return False
+    if str(path) == STDOUT:
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):  # no such path, or stdout is not a real file (a test's capture)
+        return False
+
+
 def figure_formats() -> set[str]:
     """File formats matplotlib writes (png, svg, pdf, ...)."""
     from matplotlib.backend_bases import FigureCanvasBase

@@ -170,3 +170,14 @@ def test_a_bad_output_is_refused_before_anything_is_written(
     code, _, err = run([a.format(tmp=tmp_path) for a in args], capsys)
     assert code == 2 and "cannot write a figure as 'xyz'" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dev_stdout_is_standard_output() -> None:
+    """`--csv /dev/stdout` is `--csv -`: the table on stdout, the summary on stderr (not mixed into the table)."""
+    if not Path("/dev/stdout").exists():
+        pytest.skip("no /dev/stdout here")
+    done = subprocess.run([sys.executable, "-m", "distsim", *SIM, "--csv", "/dev/stdout"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("gpu,node,stream") and "iteration time" not in done.stdout
+    assert "iteration time" in done.stderr

@@ -133,12 +133,12 @@ def check_outputs(kw: dict[str, Any], files: dict[str, str], figures: dict[str, 
 
     Returns the option that writes to standard output ('-'), if one does: the command's own report then goes to
     stderr. Two outputs on stdout, or one with --json, are refused."""
-    from distsim.output import STDOUT, check_output
+    from distsim.output import check_output, is_stdout
 
     on_stdout = []
     for key, option in (*files.items(), *(figures or {}).items()):
         check_output(kw.get(key), option, figure=key in (figures or {}))
-        if kw.get(key) == STDOUT:
+        if is_stdout(kw.get(key)):
             on_stdout.append(option)
     if kw.get("as_json"):
         on_stdout.append("--json")
