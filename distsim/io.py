@@ -7,6 +7,8 @@ a device or FIFO is streamed to, a symbolic link is followed, ``-`` is standard 
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -243,15 +245,29 @@ def write_text(path: str | Path, text: str) -> Path:
     return _write(path, lambda fh: fh.write(text))
 
 
+def _write_table(path: str | Path, write: Callable[[Any], None]) -> Path:
+    """Write a text table; a name ending in ``.gz`` gets it gzip-compressed."""
+    if not str(path).endswith(".gz"):
+        return _write(path, write)
+
+    def compressed(fh: Any) -> None:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as gz, io.TextIOWrapper(gz, "utf-8") as text:
+            write(text)
+
+    return _write(path, compressed, binary=True)
+
+
 def write_csv(path: str | Path, df: Any) -> Path:
-    return _write(path, lambda fh: df.to_csv(fh, index=False))
+    """A table as CSV (``*.csv.gz``: gzip-compressed)."""
+    return _write_table(path, lambda fh: df.to_csv(fh, index=False))
 
 
 def write_timeline_csv(path: str | Path, timeline: Timeline, expand: bool = False) -> Path:
-    """A timeline as CSV; `expand`: every GPU's rows, written one simulated GPU at a time (never all in memory)."""
+    """A timeline as CSV (``*.csv.gz``: gzip-compressed); `expand`: every GPU's rows, written one simulated GPU at a
+    time (never all in memory)."""
     from distsim.trace_export import write_csv as write_timeline
 
-    return _write(path, lambda fh: write_timeline(fh, timeline, expand))
+    return _write_table(path, lambda fh: write_timeline(fh, timeline, expand))
 
 
 def write_figure(path: str | Path, fig: Any, dpi: int = 120) -> Path:

@@ -181,3 +181,13 @@ def test_dev_stdout_is_standard_output() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("gpu,node,stream") and "iteration time" not in done.stdout
     assert "iteration time" in done.stderr
+
+
+def test_a_csv_gz_name_writes_the_same_table_compressed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    plain, packed = tmp_path / "t.csv", tmp_path / "t.csv.gz"
+    for path in (plain, packed):
+        code, _, err = run([*SIM, "--csv", str(path), "--all-gpus"], capsys)
+        assert code == 0, err
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and gzip.decompress(packed.read_bytes()) == plain.read_bytes()
