@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.errors import DistsimError
-from distsim.events import FlowOptions, build_flow
+from distsim.events import FlowOptions
 from distsim.models.graph import Model
 from distsim.strategy import Strategy
+from distsim.strategy_flow import build_flow
 
 
 @dataclass

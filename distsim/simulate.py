@@ -15,11 +15,12 @@ from distsim import engine
 from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, CostSource
 from distsim.errors import DistsimError
-from distsim.events import EventFlow, FlowOptions, build_flow, estimate_tasks
+from distsim.events import EventFlow, FlowOptions
 from distsim.memory import MemoryEstimate, estimate_memory
 from distsim.models.graph import Model
 from distsim.plan import Plan
 from distsim.strategy import Strategy
+from distsim.strategy_flow import build_flow, estimate_tasks
 from distsim.timeline import GPUStats, Timeline, flow_stats, from_flow
 
 

@@ -198,17 +198,17 @@ def test_symmetric_and_full_simulation_agree(sc: Scenario) -> None:
 @given(scenarios())
 def test_chains_emit_exactly_the_tasks_of_the_op_by_op_builder(sc: Scenario) -> None:
     """A rank simulated by one GPU emits its templates as chains; op by op gives the very same flow."""
-    import distsim.events as events
-    from distsim.events import build_flow
+    import distsim.strategy_flow as strategy_flow
+    from distsim.strategy_flow import build_flow
 
     options, costs = sc.options, InterferingCosts(sc.cluster, slowdowns=sc.interference)
     chained = build_flow(sc.model, sc.cluster, sc.strategy, costs, options)
-    one_gpu = events._Builder._action_on_one_gpu
+    one_gpu = strategy_flow._Builder._action_on_one_gpu
     try:
-        events._Builder._action_on_one_gpu = events._Builder._action_on_lanes  # type: ignore[method-assign]
+        strategy_flow._Builder._action_on_one_gpu = strategy_flow._Builder._action_on_lanes  # type: ignore[method-assign]
         op_by_op = build_flow(sc.model, sc.cluster, sc.strategy, costs, options)
     finally:
-        events._Builder._action_on_one_gpu = one_gpu  # type: ignore[method-assign]
+        strategy_flow._Builder._action_on_one_gpu = one_gpu  # type: ignore[method-assign]
     for attr in ("duration_s", "deps", "slots", "kind", "name", "layer", "stage", "microbatch", "key", "keys"):
         assert getattr(chained, attr) == getattr(op_by_op, attr), attr
 

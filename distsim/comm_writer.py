@@ -1,0 +1,103 @@
+"""Placing communication in an event flow: streams and link queues, p2p transfers, gradient all-reduces with
+their overlap shadows, and the optimizer step after them. Both flow builders (:mod:`distsim.strategy_flow` and
+:mod:`distsim.plan_flow`) emit through it."""
+
+from __future__ import annotations
+
+from distsim.costs import CommEvent, CostSource, optimizer_key
+from distsim.events import (
+    K_DP,
+    K_OPT,
+    K_P2P,
+    K_SHADOW,
+    S_COMPUTE,
+    S_DP,
+    S_LINK_INTER,
+    S_LINK_INTRA,
+    S_P2P,
+    EventFlow,
+    FlowOptions,
+)
+from distsim.placement import CommInstance
+
+
+class CommWriter:
+    """What every flow builder needs to place communication: streams, link queues and measured interference."""
+
+    def __init__(self, flow: EventFlow, costs: CostSource, options: FlowOptions):
+        self.flow, self.costs, self.options = flow, costs, options
+        self.serialize = options.link_sharing == "serialize"
+        self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
+        self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
+        self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
+
+    def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
+        if self.serialize:
+            stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
+        return tuple((g, stream) for g in gpus)
+
+    def overlapped(self, dur: float, scope: str) -> tuple[float, float]:
+        """(duration, shadow) of a transfer that overlaps compute, from the measured interference of its scope."""
+        c, k = self.costs.interference(scope)
+        longer = dur * (1 + k)
+        return longer, longer * c / (1 + c)
+
+    def shadow(self, seconds: float, gpus: tuple[int, ...], deps: list[int], stage: int, mb: int, key: int) -> None:
+        if seconds <= 0:
+            return
+        for g in gpus:
+            if g in self.speed:
+                self.flow.add(seconds, ((g, S_COMPUTE),), K_SHADOW, "overlapped communication", -1, stage, mb, key,
+                              list(deps))  # fmt: skip
+
+    def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int) -> int:
+        """One activation or gradient transfer between two GPUs after the sender's task `dep`; returns its task."""
+        flow = self.flow
+        known = (nbytes, inst.scope, inst.sharers)
+        priced = self._p2p.get(known)
+        if priced is None:
+            ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
+            cost = self.costs.comm(ev)
+            dur, shadow = cost.seconds, 0.0
+            if not self.options.p2p_blocking:
+                dur, shadow = self.overlapped(cost.seconds, inst.scope)
+            priced = self._p2p[known] = (flow.intern(ev.key, cost, "p2p"), dur, shadow)
+        key, dur, shadow = priced
+        src = inst.gpus[0]
+        # with serialize the transfer holds the link at both ends
+        slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else ((src, S_P2P),)
+        if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
+            slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
+        tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        self.shadow(shadow, (src,), [dep], src_vs, mb, key)
+        return tid
+
+    def allreduce(
+        self, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int, deps: list[int], overlap: bool
+    ) -> int:
+        """A gradient all-reduce over `inst.gpus` after `deps`; `overlap`: backward still runs while it is in flight."""
+        flow = self.flow
+        ev = CommEvent("all_reduce", nbytes, len(inst.gpus), inst.scope, inst.sharers)
+        cost = self.costs.comm(ev)
+        key = flow.intern(ev.key, cost, "dp_allreduce")
+        members = tuple(g for g in inst.gpus if g in self.speed)
+        dur, shadow = cost.seconds, 0.0
+        if overlap:
+            dur, shadow = self.overlapped(cost.seconds, inst.scope)
+        tid = flow.add(dur, self.comm_slots(S_DP, inst.scope, members), K_DP, name, layer, stage, -1, key, list(deps))
+        self.shadow(shadow, members, list(deps), stage, -1, key)
+        self.last_dp.update(dict.fromkeys(members, tid))
+        return tid
+
+    def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
+        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce."""
+        if shard_params <= 0:
+            return
+        flow = self.flow
+        state = flow.model.precision.state_bytes_per_param
+        cost = self.costs.optimizer(shard_params, state)
+        key = flow.intern(optimizer_key(shard_params, state), cost, "optimizer")
+        for g in gpus:
+            deps = [self.last_dp[g]] if g in self.last_dp else []
+            flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1, key, deps)

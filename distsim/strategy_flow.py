@@ -1,0 +1,333 @@
+"""The event flow of a strategy (tp x pp x dp on a cluster): the pipeline and data-parallel levels of DistSim's
+hierarchical construction (see :mod:`distsim.events` for the flow's model, its tensor-parallel level and its types).
+
+:func:`build_flow` walks the schedule in unit-time order and emits every action on every simulated replica (one GPU
+per pipeline rank when the replicas are symmetric), then the gradient synchronisation and optimizer step;
+:func:`estimate_tasks` counts the tasks it would emit without building anything.
+"""
+
+from __future__ import annotations
+
+from distsim.cluster import Cluster
+from distsim.comm_writer import CommWriter
+from distsim.costs import CostSource
+from distsim.events import (
+    K_TP,
+    S_COMPUTE,
+    S_TP,
+    Chain,
+    EventFlow,
+    FlowOptions,
+    StageOp,
+    resolve_partition,
+    stage_templates,
+)
+from distsim.models.graph import Model
+from distsim.partition import rank_layers
+from distsim.placement import CommInstance, Placement, parse_order
+from distsim.schedules import Action, build_schedule
+from distsim.strategy import Strategy, check_strategy
+
+
+def _symmetry_holds(placement: Placement, strategy: Strategy, cluster: Cluster) -> bool:
+    pp = strategy.pp
+    for r in range(pp):
+        gpus = placement.stage_gpus(r)
+        if len({cluster.speed_factor(g) for g in gpus}) > 1:
+            return False
+        patterns = [placement.tp_groups(r), placement.dp_groups(r)]
+        if pp > 1:
+            patterns += [placement.p2p_pairs(r, (r + 1) % pp), placement.p2p_pairs(r, (r - 1) % pp)]
+            patterns.append(placement.p2p_pairs(0, pp - 1))  # tied embedding copies (first and last rank)
+        for instances in patterns:
+            if len({(i.scope, i.sharers) for i in instances}) > 1:
+                return False
+    return True
+
+
+def build_flow(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> EventFlow:
+    """The full event DAG of one iteration of `strategy` on `cluster`."""
+    options = options or FlowOptions()
+    placement, symmetric = _placement(model, cluster, strategy, options)
+    schedule = build_schedule(strategy)
+    stage_ranges = resolve_partition(model, strategy, costs)
+    grid = placement.grid
+    pp, dp, tp = strategy.pp, strategy.dp, strategy.tp
+    lanes_d = [0] if symmetric else list(range(dp))
+    lanes_t = [0] if symmetric else list(range(tp))
+    represents: dict[int, tuple[int, ...]] = {}
+    for r in range(pp):
+        for d in lanes_d:
+            for t in lanes_t:
+                g = int(grid[r, d, t])
+                represents[g] = (g, *(x for x in placement.stage_gpus(r) if x != g)) if symmetric else (g,)
+    flow = EventFlow(model, cluster, strategy, schedule, placement, stage_ranges, symmetric, represents)
+    _Builder(flow, costs, options, lanes_d, lanes_t).run()
+    return flow
+
+
+def _placement(model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions) -> tuple[Placement, bool]:
+    """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
+    check_strategy(strategy, model, cluster)
+    placement = Placement(strategy, cluster, parse_order(options.rank_order))
+    symmetric = _symmetry_holds(placement, strategy, cluster)
+    if options.symmetric is True and not symmetric:
+        from distsim.errors import StrategyError
+
+        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
+    return placement, symmetric and options.symmetric is not False
+
+
+def overlap_shadows(costs: CostSource) -> int:
+    """1 if overlapped transfers put shadow tasks on compute streams (measured interference), else 0."""
+    return int(any(costs.interference(scope)[0] > 0 for scope in ("intra", "inter")))
+
+
+def estimate_tasks(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> int:
+    """How many tasks :func:`build_flow` would emit, counted from the strategy and the model in O(layers) without
+    building anything: exact, or slightly above when some all-reduce moves no bytes (it is then left out)."""
+    options = options or FlowOptions()
+    _, symmetric = _placement(model, cluster, strategy, options)
+    dl, tl = (1, 1) if symmetric else (strategy.dp, strategy.tp)
+    shadows = overlap_shadows(costs)
+    blocks = [b for layer in model.layers for b in layer.blocks]
+    tp_collectives = 0
+    if strategy.tp > 1:
+        sharded = [b for b in blocks if b.tp == "shard"]
+        tp_collectives = sum(b.tp_fwd_allreduce_bytes > 0 for b in sharded) + sum(
+            b.tp_bwd_allreduce_bytes > 0 for b in sharded
+        )
+    sends = 2 * (strategy.num_stages - 1) * tl * (1 + (0 if options.p2p_blocking else shadows))
+    per_micro_batch = dl * (2 * len(blocks) * tl + tp_collectives + sends)
+    grads = 0
+    if strategy.dp > 1:
+        wfbp = strategy.grad_sync == "wfbp"
+        grads = tl * (model.num_layers if wfbp else strategy.pp) * (1 + (dl * shadows if wfbp else 0))
+    tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
+    return strategy.num_micro_batches * per_micro_batch + grads + tied + strategy.pp * dl * tl
+
+
+class _Builder(CommWriter):
+    """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
+
+    def __init__(
+        self, flow: EventFlow, costs: CostSource, options: FlowOptions, lanes_d: list[int], lanes_t: list[int]
+    ):
+        super().__init__(flow, costs, options)
+        assert flow.placement is not None
+        self.placement = flow.placement
+        self.lanes_d, self.lanes_t = lanes_d, lanes_t
+        s = flow.strategy
+        self.grid = flow.placement.grid
+        self.num_stages = s.num_stages
+        self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
+        # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
+        self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
+        self.chains: dict[tuple[int, int, str, int, bool], list[tuple[Chain, int | None]]] = {}
+        self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
+        self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
+        self.last_b = self._last_backward_mb()
+        self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+
+    def _last_backward_mb(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for acts in self.flow.schedule.ranks:
+            for a in acts:
+                if a.op == "B":
+                    last[a.stage] = a.microbatch
+        return last
+
+    def template(self, vs: int, d: int) -> dict[str, list[StageOp]]:
+        key = (vs, d if not self.flow.symmetric else 0)
+        tpl = self.templates.get(key)
+        if tpl is None:
+            r = vs % self.pp
+            inst = self.placement.tp_groups(r)[d] if self.tp > 1 else None
+            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst)
+        return tpl
+
+    def run(self) -> None:
+        sched = self.flow.schedule
+        steps = sched.steps
+        order = sorted(
+            ((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts))),
+        )
+        for _, r, i in order:
+            self.action(r, sched.ranks[r][i])
+        self.finish()
+
+    # ------------------------------------------------------------------------------------------------ pipeline
+    def action(self, r: int, a: Action) -> None:
+        """Emit one schedule action on every simulated replica of pipeline rank r."""
+        s = self.flow.strategy
+        wfbp = s.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1:
+            self._action_on_one_gpu(r, a, wfbp)
+        else:
+            self._action_on_lanes(r, a, wfbp)
+
+    def _action_on_lanes(self, r: int, a: Action, wfbp: bool) -> None:
+        """:meth:`action` op by op over the replicas (lanes) of rank r.
+
+        Ops are the outer loop and replicas the inner one, so that a layer's WFBP all-reduce (which spans the
+        replicas) is emitted as soon as every replica finished that layer's backward, before the next layer's
+        compute: its place in each stream's order is then where it is issued in a real run.
+        """
+        flow, grid = self.flow, self.grid
+        lanes = []
+        for d in self.lanes_d:
+            if a.op == "F":
+                frontier = [[self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
+                            for t in self.lanes_t]  # fmt: skip
+            elif a.stage < self.num_stages - 1:
+                frontier = [[self.incoming.pop((a.stage, "B", a.microbatch, d, t))] for t in self.lanes_t]
+            else:
+                frontier = [[] for _ in self.lanes_t]
+            gpus = [int(grid[r, d, t]) for t in self.lanes_t]
+            lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
+        n_ops = len(lanes[0][2])
+        for idx in range(n_ops):
+            for _d, gpus, ops, frontier, last in lanes:
+                op = ops[idx]
+                if op.kind == K_TP:
+                    assert op.comm is not None
+                    tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
+                                   a.stage, a.microbatch, op.key, [x for x in last if x >= 0])  # fmt: skip
+                    last[:] = [tid] * len(gpus)
+                else:
+                    for j, g in enumerate(gpus):
+                        deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
+                                           a.stage, a.microbatch, op.key, list(deps))  # fmt: skip
+            op = lanes[0][2][idx]
+            if wfbp and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # the layer is done
+                per_t = {t: [last[j] for _d, _g, _o, _f, last in lanes] for j, t in enumerate(self.lanes_t)}
+                self.grad_allreduce(r, a.stage, per_t, layer=op.layer)
+        for d, gpus, _ops, _frontier, last in lanes:
+            self.send(r, a, d, gpus, last)
+
+    def _action_on_one_gpu(self, r: int, a: Action, wfbp: bool) -> None:
+        """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
+        the template's ops are one chain (split at layer ends for WFBP's per-layer all-reduce), emitted at once."""
+        d, t = self.lanes_d[0], self.lanes_t[0]
+        if a.op == "F":
+            frontier = [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
+        elif a.stage < self.num_stages - 1:
+            frontier = [self.incoming.pop((a.stage, "B", a.microbatch, d, t))]
+        else:
+            frontier = []
+        g = int(self.grid[r, d, t])
+        last = -1
+        for chain, layer in self._chains(a.stage, d, a.op, g, wfbp):
+            last = self.flow.add_chain(chain, frontier if last < 0 else [last], a.stage, a.microbatch)
+            if layer is not None:
+                self.grad_allreduce(r, a.stage, {t: [last]}, layer=layer)
+        self.send(r, a, d, [g], [last])
+
+    def _chains(self, vs: int, d: int, op: str, g: int, per_layer: bool) -> list[tuple[Chain, int | None]]:
+        """The template of (vs, op) on GPU g as chains: one, or one per layer (with the layer) for WFBP."""
+        key = (vs, d, op, g, per_layer)
+        out = self.chains.get(key)
+        if out is None:
+            ops = self.template(vs, d)[op]
+            parts: list[list[StageOp]] = []
+            for o in ops:
+                if not parts or (per_layer and parts[-1][-1].layer != o.layer):
+                    parts.append([])
+                parts[-1].append(o)
+            out = []
+            for i, part in enumerate(parts):
+                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind == K_TP and o.comm is not None
+                         else (g, S_COMPUTE) for o in part]  # fmt: skip
+                out.append((Chain.of(part, slots, self.speed[g], i == 0), part[-1].layer if per_layer else None))
+            self.chains[key] = out
+        return out
+
+    def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
+        """After an action: send its activation forward or its input gradient backward."""
+        if a.op == "F" and a.stage < self.num_stages - 1:
+            dst_vs, what = a.stage + 1, "act"
+        elif a.op == "B" and a.stage > 0:
+            dst_vs, what = a.stage - 1, "grad"
+        else:
+            return
+        flow = self.flow
+        boundary = min(a.stage, dst_vs)
+        cut = flow.stage_ranges[boundary][1] - 1
+        nbytes = round(flow.model.boundary_bytes[cut] * flow.strategy.micro_batch_size)
+        dst_r = dst_vs % self.pp
+        pairs = self.pairs.get((r, dst_r))
+        if pairs is None:
+            pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
+        for j, t in enumerate(self.lanes_t):
+            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j])
+            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+
+    # ------------------------------------------------------------------------------------------ data parallel
+    def grad_allreduce(self, r: int, vs_or_rank: int, per_t: dict[int, list[int]], layer: int = -1) -> list[int]:
+        """One all-reduce per tp rank over the replicas; returns the task ids."""
+        model = self.flow.model
+        if layer >= 0:
+            held = self.rank_layers[r]
+            shard = model.layers[layer].shard_params(self.tp) if model.owns_params(layer, held) else 0.0
+            name, stage = f"grads {model.layers[layer].name}", vs_or_rank
+        else:
+            shard = self.rank_shard_params(r)
+            name, stage = f"grads rank {r}", vs_or_rank
+        nbytes = round(shard * model.precision.grad_bytes)
+        if nbytes <= 0:
+            return []
+        instances = self.placement.dp_groups(r)
+        overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
+        return [self.allreduce(instances[t], nbytes, name, layer, stage, per_t[t], overlap) for t in self.lanes_t]
+
+    def rank_shard_params(self, r: int) -> float:
+        return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
+
+    def finish(self) -> None:
+        """Gradient synchronisation that ends the iteration, then the optimizer step on every simulated GPU.
+
+        Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (bulk mode; WFBP issued its
+        all-reduces during backward), then the all-reduce of tied embedding copies between the first and last
+        pipeline ranks, then the optimizer step.
+        """
+        flow, s = self.flow, self.flow.strategy
+        last = flow._last
+        if self.dp > 1 and s.grad_sync == "bulk":
+            for r in range(self.pp):
+                per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
+                self.grad_allreduce(r, r, per_t)
+        self.tied_allreduce()
+        for r in range(self.pp):
+            gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
+            self.optimizer_step(r, self.rank_shard_params(r), gpus)
+
+    def tied_allreduce(self) -> None:
+        """Sum the gradients of a tied layer's copy with its original's when they sit on different pipeline ranks.
+
+        Megatron-LM keeps a copy of a tied word embedding on the last stage and all-reduces the two copies'
+        gradients over the "embedding group" of the first and last stage (``_allreduce_embedding_grads``).
+        """
+        flow, model = self.flow, self.flow.model
+        rank_of = {i: r for r in range(self.pp) for i in self.rank_layers[r]}
+        for i, layer in enumerate(model.layers):
+            if layer.tied_to is None:
+                continue
+            ra, rb = rank_of[model.index[layer.tied_to]], rank_of[i]
+            if ra == rb:
+                continue
+            nbytes = round(layer.shard_params(self.tp) * model.precision.grad_bytes)
+            if nbytes <= 0:
+                continue
+            pairs = self.pairs.get((ra, rb))
+            if pairs is None:
+                pairs = self.pairs[(ra, rb)] = self.placement.p2p_pairs(ra, rb)
+            for d in self.lanes_d:
+                for t in self.lanes_t:
+                    inst = pairs[d * self.tp + t]
+                    deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
+                    self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)
