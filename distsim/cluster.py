@@ -40,6 +40,8 @@ class GPU:
     """Fraction of peak a large kernel achieves; used only by the analytic estimate (a profile replaces it)."""
     kernel_overhead_s: float = 10e-6
     """Fixed cost per compute event (launches, small kernels); analytic estimate only."""
+    kernel_launch_s: float = 0.0
+    """Host seconds to launch one kernel (an accelerator's host stream); 0 for CPUs, whose host runs the work."""
 
 
 @dataclass(frozen=True)

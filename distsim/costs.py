@@ -83,6 +83,9 @@ class Cost:
     source: str
     samples: tuple[float, ...] | None = None
     """Measured durations of this event (repetitions), for stochastic simulation; None: deterministic."""
+    launch_s: float = 0.0
+    """Host seconds to enqueue the event's kernels on an accelerator (the host stream's share of the event); 0 where
+    the host runs the work itself (CPU devices) or launches are not modelled."""
 
 
 class CostSource(Protocol):

@@ -53,13 +53,14 @@ from distsim.placement import CommInstance, Placement
 from distsim.schedules import Schedule
 from distsim.strategy import Strategy
 
-STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter")
-KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference")
+STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host")
+KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch")
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER = range(6)
+S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST = range(7)
 LINK_SHARING = ("structural", "serialize")
-K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW = range(7)
-"""K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row."""
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH = range(8)
+"""K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row.
+K_LAUNCH: the host enqueuing kernels (the ``host`` stream); a timeline row, but neither compute nor communication."""
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,11 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = ("gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s")
-STREAM_ORDER = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter")
+STREAM_ORDER = ("host", "compute", "tp", "p2p", "dp", "link:intra", "link:inter")
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("tp_allreduce", "p2p", "dp_allreduce")
+HOST_KINDS = ("launch",)
+"""Rows of the host stream (the host enqueuing kernels): not device time, so not in a GPU's busy, comm or idle."""
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,10 @@ class Timeline:
     def gpu_stats(self) -> list[GPUStats]:
         """Busy compute, communication, exposed communication and idle seconds of every GPU (expanded)."""
         df = self.df
-        is_compute = np.isin(df["kind"].astype(str).to_numpy(), COMPUTE_KINDS)
-        return stats_of_rows(df["gpu"].to_numpy(), is_compute, df["start_s"].to_numpy(), df["end_s"].to_numpy(),
-                             self.represents, self.gpus_per_node)  # fmt: skip
+        kind = df["kind"].astype(str).to_numpy()
+        return stats_of_rows(df["gpu"].to_numpy(), np.isin(kind, COMPUTE_KINDS), df["start_s"].to_numpy(),
+                             df["end_s"].to_numpy(), self.represents, self.gpus_per_node,
+                             ~np.isin(kind, HOST_KINDS))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------- exports
     def chrome_trace_events(self, expand: bool = False) -> Iterator[dict[str, Any]]:
@@ -151,11 +154,15 @@ def _ranges(values: tuple[int, ...]) -> str:
 
 
 def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
-                  represents: dict[int, tuple[int, ...]], gpus_per_node: int) -> list[GPUStats]:  # fmt: skip
+                  represents: dict[int, tuple[int, ...]], gpus_per_node: int,
+                  on_device: np.ndarray | None = None) -> list[GPUStats]:  # fmt: skip
     """:meth:`Timeline.gpu_stats` of rows given as arrays (any order): what a timeline's metrics need, without
-    building the timeline (a grid search only wants the metrics)."""
+    building the timeline (a grid search only wants the metrics). Rows not `on_device` (the host stream) count for
+    the iteration's length but not for a GPU's busy time."""
     t0 = float(start_s.min()) if len(start_s) else 0.0
     iteration = float(end_s.max() - t0) if len(end_s) else 0.0
+    if on_device is not None and not on_device.all():
+        gpu, is_compute, start_s, end_s = gpu[on_device], is_compute[on_device], start_s[on_device], end_s[on_device]
     order = np.argsort(gpu, kind="stable")
     ids, first = np.unique(gpu[order], return_index=True)
     bounds = dict(zip(ids.tolist(), zip(first.tolist(), [*first[1:].tolist(), len(order)], strict=True), strict=True))
@@ -195,10 +202,12 @@ def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[flo
 
     idx, gpu, _ = _slot_rows(flow)
     compute = np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in COMPUTE_KINDS])
+    device = ~np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in HOST_KINDS])
     kind = np.asarray(flow.kind, dtype=np.int8)[idx]
     start, end = np.asarray(start_s, dtype=np.float64)[idx], np.asarray(end_s, dtype=np.float64)[idx]
     iteration = float(end.max() - start.min()) if len(idx) else 0.0
-    return iteration, stats_of_rows(gpu, compute[kind], start, end, dict(flow.represents), flow.cluster.gpus_per_node)
+    return iteration, stats_of_rows(gpu, compute[kind], start, end, dict(flow.represents), flow.cluster.gpus_per_node,
+                                    device[kind])  # fmt: skip
 
 
 def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
