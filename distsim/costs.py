@@ -14,7 +14,8 @@ Two sources implement :class:`CostSource`:
   linear interpolation between the two nearest measured sizes, else the alpha-beta fit of their (collective, scope,
   group size), and groups larger than any profiled one scale the
   largest profiled group by ring volume, T(N) = T(n) [2(N-1)/N] / [2(n-1)/n] (DistSim Sec. 4.2). Events the profile
-  lacks fall back to the analytic estimate (flagged) or, when strict, raise.
+  lacks fall back to the analytic estimate (flagged) or, when strict, raise. A measured compute event's host launch
+  time (``Cost.launch_s``) is the profile's where it has one (CUDA profiles), else the fallback's estimate.
 
 Every cost says where it came from: ``given`` (in the model file), ``measured``, ``interpolated``, ``fitted``,
 ``scaled`` or ``analytic``.
@@ -195,7 +196,9 @@ class ProfileCosts:
             return given
         m = self.db.compute.get(event.key)
         if m is not None:
-            return Cost(m.seconds, "measured", m.samples_s)
+            # the host's measured enqueue time; profiles without one (CPU, older profiles) take the fallback's
+            launch = m.launch_s if m.launch_s is not None else self.fallback.compute(event).launch_s
+            return Cost(m.seconds, "measured", m.samples_s, launch)
         self._missing(f"compute event {event.key}")
         return self.fallback.compute(event)
 

@@ -8,7 +8,8 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
                      "load": {...}, "runs": [{"date": ..., "command": ..., "compute_events": n,
                                               "comm_measurements": n, "load": {...}}], ...},
       "compute": {"<compute event key>": {"mean_s": 1.3e-3, "median_s": 1.2e-3, "p10_s": ..., "p90_s": ...,
-                                          "repeats": 20, "flops": 1.0e9}},
+                                          "repeats": 20, "flops": 1.0e9, "launch_s": 2.1e-4,
+                                          "insitu_ratio": 1.03}},
       "comm": [{"collective": "all_reduce", "scope": "intra", "group_size": 2, "bytes": 1048576,
                 "median_s": 2.1e-4, "p10_s": ..., "p90_s": ..., "repeats": 20, "note": "..."}, ...],
       "fits": [{"collective": "all_reduce", "scope": "intra", "group_size": 2,
@@ -19,11 +20,14 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
     }
 
 ``load`` holds each rank's reference-workload time before and after profiling and the machine's load average
-(see ``distsim.machine_load``); the top-level one is the latest run's. Compute keys are ``ComputeEvent.key`` strings
-(see ``distsim.costs``), so the profiler and the simulator agree by construction. Collectives are ``all_reduce``,
-``all_gather``, ``reduce_scatter`` and ``p2p``; scope is ``intra`` or ``inter``. Fits are derived from the
-measurements (least squares, alpha and beta kept >= 0) and recomputed whenever profiles are merged. This module is
-pure: reading and writing files lives in ``distsim.io``.
+(see ``distsim.machine_load``); the top-level one is the latest run's, as is ``self_check`` (the in-situ chains that
+state the profile's own bias, see ``distsim.self_check``). A compute event's optional ``launch_s`` is the host's
+mean time to enqueue it on an accelerator (absent on CPU), ``insitu_ratio`` its isolated / in-situ time. Both were
+added to version 1 without changing it: profiles without them load, and readers that do not know them ignore them.
+Compute keys are ``ComputeEvent.key`` strings (see ``distsim.costs``), so the profiler and the simulator agree by
+construction. Collectives are ``all_reduce``, ``all_gather``, ``reduce_scatter`` and ``p2p``; scope is ``intra``
+or ``inter``. Fits are derived from the measurements (least squares, alpha and beta kept >= 0) and recomputed
+whenever profiles are merged. This module is pure: reading and writing files lives in ``distsim.io``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,12 @@ class Measurement:
     expectation is the sum of their means, which for right-skewed timings exceed their medians)."""
     samples_s: tuple[float, ...] | None = None
     """The repetitions themselves, which the stochastic simulation (``--samples``) draws durations from."""
+    launch_s: float | None = None
+    """Mean host seconds to enqueue the event's kernels on an accelerator (the host stream's share of the event);
+    None where the host runs the work itself (CPU) or the profile predates it."""
+    insitu_ratio: float | None = None
+    """The profile's self-check: this event's isolated time over its time inside a short chain of its stage's
+    blocks run without host synchronisation (> 1: isolated timing is slower than in situ); None if not checked."""
 
     @property
     def seconds(self) -> float:
@@ -362,6 +372,8 @@ def _measurement(v: Any) -> Measurement:
         flops=_opt(v, "flops", _finite),
         mean_s=_opt(v, "mean_s", _positive),
         samples_s=None if samples is None else tuple(_positive(x, "samples_s") for x in samples),
+        launch_s=_opt(v, "launch_s", _positive),
+        insitu_ratio=_opt(v, "insitu_ratio", _positive),
     )
 
 

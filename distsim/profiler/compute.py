@@ -7,7 +7,10 @@ tp rank 0, local communication hooks: the all-reduces are separate communication
 * ``B``: ``torch.autograd.backward`` of the loss (``lm_head``) or of the output with a random gradient, after an
   untimed forward for each repetition.
 
-CPU times come from ``time.perf_counter``; CUDA times from a pair of CUDA events around the op. The FLOPs of one
+CPU times come from ``time.perf_counter``. CUDA times come from a pair of CUDA events around the op with the GPU kept
+fed (a sleep kernel queued before the start event, so the host enqueues the whole block before the GPU reaches it;
+L2 swept with twice its size before each call; see :class:`FedTimer`), and the host's time to enqueue the op is
+measured too (the event's launch time). The FLOPs of one
 untimed run of the phase are counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and
 fused attention). Nothing here uses ``torch.distributed``.
 """
@@ -46,6 +49,10 @@ class ComputeTiming:
     device: str
     dtype: str
     """The torch dtype the event ran in (``float32``, ``bfloat16``, ``float16``)."""
+    launch_s: float | None = None
+    """Mean host seconds to enqueue one call (CUDA; None on CPU, where the host runs the work)."""
+    starved: int = 0
+    """Timed CUDA calls whose host launch outlasted the sleep queued before them."""
 
 
 def device_name(device: torch.device | str) -> str:
@@ -127,7 +134,162 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
 IN_FLIGHT = 4
 """Micro-batches whose activations are alive at once while timing (a pipeline stage keeps several)."""
 EVICT_BYTES = 32 * 2**20
-"""Bytes swept before each timed call so that the block's weights are not hot in cache."""
+"""Bytes swept before each timed call on CPU so that the block's weights are not hot in cache (on CUDA: at least
+this, see :func:`evict_bytes`)."""
+L2_FLUSH_FACTOR = 2
+"""On CUDA the sweep before each timed call covers this many times the device's L2 cache."""
+CUDA_WARMUP_S = 0.5
+"""Least seconds of untimed rounds per event on CUDA (besides ``warmup`` rounds): clocks ramp up, and cuBLAS, cuDNN
+and lazily loaded kernels pick and load their kernels on the first calls of a shape."""
+MAX_WARMUP_ROUNDS = 200
+"""Most warm-up rounds a time-based warm-up runs (tiny blocks would otherwise run thousands)."""
+SLEEP_MARGIN = 2.0
+"""On CUDA the GPU sleeps this many times the host's recent launch time of the phase before each timed call..."""
+SLEEP_PAD_S = 1e-4
+"""... plus this, so the host has enqueued the whole block before the GPU reaches it."""
+FIRST_SLEEP_S = 5e-3
+"""The sleep before the first call of a phase, whose launch time is not known yet (a warm-up call)."""
+MAX_SLEEP_S = 0.5
+
+
+def evict_bytes(device: torch.device | str) -> int:
+    """Bytes swept before each timed call: on CUDA ``L2_FLUSH_FACTOR`` times the device's L2 cache as torch reports
+    it (at least ``EVICT_BYTES``), elsewhere ``EVICT_BYTES``."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        return max(EVICT_BYTES, L2_FLUSH_FACTOR * l2)
+    return EVICT_BYTES
+
+
+class FedTimer:
+    """Times calls on a CUDA device with the GPU kept fed, and the host's time to enqueue them.
+
+    Per call: synchronise; sweep L2 (``evict.add_(1)``, a buffer of :func:`evict_bytes`); queue
+    ``torch.cuda._sleep`` for ``SLEEP_MARGIN`` x the host's longest launch time of the phase's last ``IN_FLIGHT``
+    calls + ``SLEEP_PAD_S``; record the start event; call (the host enqueues the block while the GPU sleeps; the
+    host's ``perf_counter`` around the call, with no synchronisation, is the launch time); record the end event;
+    wait for it. The GPU time is start to end: the sleep and the sweep are before the start event. Timing with a
+    synchronisation before each call instead lets the GPU wait for each kernel's launch (1.14-1.73x slow on an
+    H100 against the same blocks in a 24-layer chain).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cycles_per_s = 0.0
+        self.recent: dict[str, list[float]] = {}
+        self.starved = 0
+        """Timed calls whose host launch outlasted the sleep before them (the GPU may have waited for the host)."""
+        self.calibrate()
+
+    def calibrate(self) -> None:
+        """Clock cycles per second of ``torch.cuda._sleep``: the fastest of three sleeps (so a sleep computed from it
+        lasts at least as long as intended); run again after warm-up, when the clocks are up."""
+        cycles, rates = 1_000_000, []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / max(start.elapsed_time(end) / 1e3, 1e-9))
+        self.cycles_per_s = max(rates)
+
+    def sleep_s(self, phase: str) -> float:
+        recent = self.recent.get(phase)
+        if not recent:
+            return FIRST_SLEEP_S
+        return min(MAX_SLEEP_S, SLEEP_MARGIN * max(recent) + SLEEP_PAD_S)
+
+    def __call__(self, fn: Callable[[], Any], evict: Tensor, phase: str, timed: bool) -> tuple[float, float, Any]:
+        """(GPU seconds, host launch seconds, fn's result); `phase` names the calls whose launch times size the
+        sleep; `timed` False for warm-up calls (not counted as starved)."""
+        torch.cuda.synchronize(self.device)
+        evict.add_(1.0)
+        sleep = self.sleep_s(phase)
+        torch.cuda._sleep(int(sleep * self.cycles_per_s))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        result = fn()
+        launch = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        self.recent[phase] = [*self.recent.get(phase, [])[-(IN_FLIGHT - 1) :], launch]
+        if timed and launch > sleep:
+            self.starved += 1
+        return start.elapsed_time(end) / 1e3, launch, result
+
+
+@dataclass
+class PhaseTimes:
+    """What :func:`time_phase` measured: device seconds per timed call, and on CUDA the host's launch seconds."""
+
+    times_s: list[float]
+    launch_s: list[float] | None
+    starved: int = 0
+    warmup_rounds: int = 0
+
+
+def time_phase(
+    call: Callable[..., Tensor],
+    fresh_inputs: Callable[[], tuple[Tensor, ...]],
+    grad: Tensor | None,
+    phase: str,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    warmup_s: float | None = None,
+) -> PhaseTimes:
+    """Time `phase` (``F``: ``call(*inputs)``; ``B``: ``torch.autograd.backward`` of its output with `grad`) as a
+    pipeline stage runs it: ``IN_FLIGHT`` micro-batches forward with their activations kept, then their backwards
+    in reverse, the cache swept before each timed call (as the stage's other layers would; a block repeated in a hot
+    loop reuses the same memory and cached weights: 15-20 % fast on CPU).
+
+    At least `warmup` untimed rounds run first, and on CUDA until `warmup_s` seconds have passed (default
+    ``CUDA_WARMUP_S``; CPU: 0). CPU calls are timed with ``perf_counter``; CUDA calls with :class:`FedTimer`.
+    """
+    cuda = device.type == "cuda"
+    warm_s = (CUDA_WARMUP_S if cuda else 0.0) if warmup_s is None else warmup_s
+    evict = torch.empty(evict_bytes(device) // 4, dtype=torch.float32, device=device)
+    timer = FedTimer(device) if cuda else None
+
+    def run(fn: Callable[[], Any], this_phase: str, warming: bool) -> tuple[float, float | None, Any]:
+        if timer is None:  # CPU: the host runs the work
+            evict.add_(1.0)
+            _sync(device)
+            dt, result = _timed(fn, device)
+            return dt, None, result
+        if this_phase != phase:  # CUDA, the other phase: only run it (its activations or its backward)
+            return 0.0, None, fn()
+        return timer(fn, evict, phase, timed=not warming)
+
+    times: list[float] = []
+    launches: list[float] = []
+    rounds_needed, r, warming = -(-repeats // IN_FLIGHT), 0, True
+    started = time.perf_counter()
+    while len(times) < rounds_needed * IN_FLIGHT:
+        if warming and r >= warmup and (time.perf_counter() - started >= warm_s or r >= MAX_WARMUP_ROUNDS):
+            warming = False
+            if timer is not None:
+                timer.calibrate()  # the clocks are up now
+        kept = []
+        for _ in range(IN_FLIGHT):
+            x = fresh_inputs()
+            dt, launch, out = run(lambda x=x: call(*x), "F", warming)
+            kept.append(out)
+            if phase == "F" and not warming:
+                times.append(dt)
+                launches += [] if launch is None else [launch]
+        for out in reversed(kept):
+            dt, launch, _ = run(lambda out=out: torch.autograd.backward(out, grad), "B", warming)
+            if phase == "B" and not warming:
+                times.append(dt)
+                launches += [] if launch is None else [launch]
+        del kept, out
+        r += 1
+    n_warm = r - rounds_needed
+    return PhaseTimes(times[:repeats], launches[:repeats] if cuda else None, timer.starved if timer else 0, n_warm)
 
 
 def time_compute_event(
@@ -137,8 +299,11 @@ def time_compute_event(
     repeats: int = 10,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    warmup_s: float | None = None,
 ) -> ComputeTiming:
-    """Measure `event` on `device`: median, 10th and 90th percentile over `repeats` runs after `warmup` runs.
+    """Measure `event` on `device`: median, 10th and 90th percentile over `repeats` runs after `warmup` runs (on
+    CUDA also at least `warmup_s` seconds of them, default ``CUDA_WARMUP_S``), and on CUDA the host's mean launch
+    time (see :func:`time_phase`).
 
     Raises ValueError for events without a module (see :func:`~distsim.profiler.blocks.build_block`).
     """
@@ -159,7 +324,6 @@ def time_compute_event(
         dev,
         generator=torch.Generator(device=dev).manual_seed(seed),
     )
-    evict = torch.empty(EVICT_BYTES // 4, dtype=torch.float32, device=dev)  # stands in for the stage's other layers
     counter = [seed + 1]
 
     def fresh_inputs() -> tuple[Tensor, ...]:
@@ -179,29 +343,8 @@ def time_compute_event(
         grad = torch.randn(out.shape, generator=gen, device=dev, dtype=torch.float32).to(out.dtype)
     del out
 
-    # As a pipeline stage runs it: IN_FLIGHT micro-batches forward with their activations kept for backward, then
-    # their backwards in reverse; before each timed call the cache is swept, as the stage's other layers would.
-    # (Timing one block in a hot loop reuses the same memory and cached weights: 15-20 % fast on CPU.)
-    times: list[float] = []
-    rounds = warmup + -(-repeats // IN_FLIGHT)
-    for r in range(rounds):
-        kept = []
-        for _ in range(IN_FLIGHT):
-            x = fresh_inputs()
-            evict.add_(1.0)
-            _sync(dev)
-            dt, out = _timed(lambda x=x: module(*x), dev)
-            kept.append(out)
-            if event.phase == "F" and r >= warmup:
-                times.append(dt)
-        for out in reversed(kept):
-            evict.add_(1.0)
-            _sync(dev)
-            dt, _ = _timed(lambda out=out: torch.autograd.backward(out, grad), dev)
-            if event.phase == "B" and r >= warmup:
-                times.append(dt)
-        del kept, out
-    times = times[:repeats]
+    measured = time_phase(module, fresh_inputs, grad, event.phase, dev, warmup, repeats, warmup_s)
+    times = measured.times_s
 
     def backward_of(out: Tensor) -> Callable[[], None]:
         return lambda: torch.autograd.backward(out, grad)
@@ -214,6 +357,7 @@ def time_compute_event(
         del run
     p10, median, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
     mean = float(np.mean(times))
+    launch = None if measured.launch_s is None else float(np.mean(measured.launch_s))
     timing = ComputeTiming(
         key=event.key,
         median_s=median,
@@ -225,7 +369,11 @@ def time_compute_event(
         flops=None if flops is None else float(flops),
         device=device_name(dev),
         dtype=str(dtype).removeprefix("torch."),
+        launch_s=launch,
+        starved=measured.starved,
     )
     if progress is not None:
-        progress(f"{event.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f})")
+        host = "" if launch is None else f", host launch {launch * 1e3:.3f} ms"
+        starved = f", {measured.starved} call(s) launched slower than the sleep before them" if measured.starved else ""
+        progress(f"{event.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}){host}{starved}")
     return timing

@@ -151,7 +151,8 @@ def run(cfg: ProfileConfig) -> None:
             except ValueError as exc:  # an operator the profiler cannot build
                 skipped[key] = str(exc)
                 continue
-            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops, t.mean_s, t.samples_s)
+            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops, t.mean_s, t.samples_s,
+                                       launch_s=t.launch_s)  # fmt: skip
         for params in optimizer_sizes[rank::world]:
             key, times = time_optimizer_step(params, state_bytes, device, repeats=max(3, cfg.repeats // 2))
             times.sort()

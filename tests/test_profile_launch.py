@@ -1,0 +1,93 @@
+"""The profile's host launch times on CPU: storage and costs.
+
+The CUDA timing path (FedTimer: sleep kernel, L2 sweep, host enqueue time) needs a GPU and is not exercised here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distsim.cluster import get_cluster  # noqa: E402
+from distsim.costs import AnalyticCosts, ComputeEvent, Cost, ProfileCosts  # noqa: E402
+from distsim.discovery import discover  # noqa: E402
+from distsim.io import load_model, load_profile, write_json  # noqa: E402
+from distsim.models.graph import FP32  # noqa: E402
+from distsim.models.transformer import mlp_block  # noqa: E402
+from distsim.profile_db import Measurement, ProfileDB  # noqa: E402
+from distsim.profiler.compute import EVICT_BYTES, evict_bytes, time_compute_event  # noqa: E402
+from distsim.strategy import Strategy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = ComputeEvent(mlp_block(32, 64, 8, FP32), "F", 1, 1, "fp32")
+
+
+@pytest.mark.parametrize("phase", ["F", "B"])
+def test_cpu_timing_is_unchanged_and_has_no_launch_time(phase: str) -> None:
+    """On CPU the host runs the work: no launch time is recorded; the sweep stays EVICT_BYTES."""
+    timing = time_compute_event(replace(MLP, phase=phase), "cpu", warmup=1, repeats=3)
+    assert timing.launch_s is None and timing.starved == 0
+    assert len(timing.samples_s) == 3 and all(t > 0 for t in timing.samples_s)
+    assert evict_bytes("cpu") == EVICT_BYTES
+
+
+def test_launch_time_and_ratio_round_trip_through_the_profile_database(tmp_path: Path) -> None:
+    db = ProfileDB(
+        provenance={"device": "dev"},
+        compute={
+            "new": Measurement(1e-3, 9e-4, 1.2e-3, 3, 1e9, 1.1e-3, (1e-3, 1.1e-3, 1.2e-3), 2.5e-4, 1.05),
+            "old": Measurement(2e-3, mean_s=2.1e-3),
+        },
+    )
+    path = tmp_path / "p.json"
+    write_json(path, db.to_dict())
+    raw = json.loads(path.read_text())
+    assert raw["compute"]["new"]["launch_s"] == 2.5e-4 and raw["compute"]["new"]["insitu_ratio"] == 1.05
+    assert "launch_s" not in raw["compute"]["old"] and "insitu_ratio" not in raw["compute"]["old"]
+    back = load_profile(path)
+    assert back.compute == db.compute
+    merged = back.merge(ProfileDB(provenance={"device": "dev"}, compute={"other": Measurement(1e-3)}))
+    assert merged.compute["new"].launch_s == 2.5e-4  # extending a profile keeps what it had
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "x"])
+def test_a_malformed_launch_time_is_refused(tmp_path: Path, bad: object) -> None:
+    data = ProfileDB(compute={"k": Measurement(1e-3)}).to_dict()
+    data["compute"]["k"]["launch_s"] = bad
+    from distsim.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="compute 'k'"):
+        ProfileDB.from_dict(data)
+
+
+class LaunchingFallback(AnalyticCosts):
+    """An analytic fallback that estimates a launch time (the real one's estimate is another engineer's)."""
+
+    def compute(self, event: ComputeEvent) -> Cost:
+        return replace(super().compute(event), launch_s=7e-6)
+
+
+def test_profile_costs_give_the_measured_launch_time_else_the_fallbacks() -> None:
+    other = replace(MLP, phase="B")
+    db = ProfileDB(compute={MLP.key: Measurement(1e-3, launch_s=2e-4), other.key: Measurement(3e-3)})
+    costs = ProfileCosts(db, LaunchingFallback(get_cluster("dgx-h100")), strict=True)
+    assert costs.compute(MLP) == Cost(1e-3, "measured", None, 2e-4)
+    assert costs.compute(other) == Cost(3e-3, "measured", None, 7e-6)
+    plain = ProfileCosts(db, AnalyticCosts(get_cluster("dgx-h100")))
+    assert plain.compute(other).launch_s == AnalyticCosts(get_cluster("dgx-h100")).compute(other).launch_s
+
+
+def test_the_shipped_profile_predates_launch_times_and_still_loads() -> None:
+    db = load_profile(ROOT / "profiles" / "cpu-gloo.json")
+    assert db.compute and all(m.launch_s is None and m.insitu_ratio is None for m in db.compute.values())
+    cluster = get_cluster("cpu-1x2")
+    found = discover(load_model("gpt2-cpu"), cluster, [Strategy.from_str("1M2P1D", num_micro_batches=4)],
+                     AnalyticCosts(cluster))  # fmt: skip
+    costs, fallback = ProfileCosts(db, AnalyticCosts(cluster), strict=True), AnalyticCosts(cluster)
+    for event in found.measurable_compute.values():
+        cost = costs.compute(event)
+        assert cost.source == "measured" and cost.launch_s == fallback.compute(event).launch_s
