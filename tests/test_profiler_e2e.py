@@ -46,6 +46,12 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     for r in load["ranks"]:
         assert r["reference_start_s"] > 0 and r["reference_end_s"] > 0 and r["cores"] >= 1 and "busy_cores" in r
         assert r["loadavg_1m"] >= 0 and r["cpu_threads"] == 1
+    # the self-check timed every measured block in situ (both ranks' shares of the chains); CPU has no launch time
+    check = db["provenance"]["self_check"]
+    assert check == db["provenance"]["runs"][0]["self_check"] and check["stage_ratio"] > 0 and check["chains"]
+    blocks = {k: m for k, m in db["compute"].items() if not k.startswith("optimizer/")}
+    assert check["events"] == len(blocks) and all(m["insitu_ratio"] > 0 for m in blocks.values())
+    assert not any("launch_s" in m for m in db["compute"].values())
     for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):
         sim = distsim("simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
                       "--micro-batches", "2", "--profile", str(out), "--strict", "--json")  # fmt: skip
@@ -55,6 +61,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     show = distsim("profile", "show", str(out))
     assert show.returncode == 0 and "all_reduce" in show.stdout and "gloo" in show.stdout
     assert "reference workload" in show.stdout and "rank 1 on " in show.stdout and "load average" in show.stdout
+    assert "self-check, isolated / in-situ time: stage chains" in show.stdout and "1M2P1D mbs=1 stage 1" in show.stdout
 
     # profiling more extends the profile: new events are added, the run is recorded
     single = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batch-size",
@@ -69,6 +76,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     first, second = extended["provenance"]["runs"]
     assert first["load"] == load and len(second["load"]["ranks"]) == 2  # each run keeps its own readings
     assert any("/mbs=2/" in k for k in extended["compute"])
+    assert second["self_check"]["events"] > 0 and extended["provenance"]["self_check"] == second["self_check"]
 
 
 @pytest.mark.skipif(netns_problem() is not None, reason=f"network namespaces unavailable: {netns_problem()}")

@@ -61,6 +61,11 @@ from distsim.output import check_output
               help="Largest collective group measured (DistSim: 8; larger groups scale by ring volume).")  # fmt: skip
 @click.option("--no-compute", is_flag=True, help="Measure communication only.")
 @click.option("--no-comm", is_flag=True, help="Measure compute only.")
+@click.option(
+    "--no-self-check",
+    is_flag=True,
+    help="Skip timing a short chain of each stage's blocks in situ against their isolated times.",
+)
 @click.option("--dry-run", is_flag=True, help="Only report the events the strategies contain and need.")
 @click.pass_context
 def profile(ctx: click.Context, **kw: Any) -> None:
@@ -74,7 +79,9 @@ def profile(ctx: click.Context, **kw: Any) -> None:
       distsim profile --model gpt2-345m:seq=128,precision=fp32 --cluster cpu-2x1 --strategy 1M2P1D \\
           --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out cpu.json
     Each rank times a fixed reference workload before and after, and warns when the machine was busy or its speed
-    moved (the readings are kept in the profile).
+    moved (the readings are kept in the profile). On GPUs each compute event is timed with the GPU kept fed and L2
+    swept, and the host's launch time of the block is recorded too. A self-check then times a short chain of each
+    stage's blocks in situ and records isolated / in-situ per event, so the profile states its own bias.
     `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
     """
     if ctx.invoked_subcommand is not None:
@@ -154,7 +161,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
         repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=max_comm_bytes,
         max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"], compute=not kw["no_compute"],
-        comm=not kw["no_comm"], emulation=emulation.to_dict() if emulation else {},
+        comm=not kw["no_comm"], self_check=not kw["no_self_check"], emulation=emulation.to_dict() if emulation else {},
         command=invoked_command(),
     )  # fmt: skip
     from distsim.profiler import worker
@@ -188,6 +195,7 @@ def profile_show(path: str, as_json: bool) -> None:
     """Summarise a profile database: provenance, compute events, communication fits."""
     from distsim.io import load_profile
     from distsim.machine_load import describe_load
+    from distsim.self_check import describe as describe_self_check
 
     db = load_profile(path)
     if as_json:
@@ -229,5 +237,12 @@ def profile_show(path: str, as_json: bool) -> None:
     for i in db.interference:
         click.echo(f"overlap interference {i.scope}: compute {i.compute_slowdown:+.0%} while a "
                    f"{i.bytes / 2**20:.0f} MiB all-reduce runs, the all-reduce {i.comm_slowdown:+.0%}")  # fmt: skip
+    launches = [m.launch_s for m in db.compute.values() if m.launch_s is not None]
+    if launches:
+        mean = sum(launches) / len(launches)
+        click.echo(f"host launch time: {len(launches)} compute events take {min(launches) * 1e3:.3f}-"
+                   f"{max(launches) * 1e3:.3f} ms to enqueue (mean {mean * 1e3:.3f} ms)")  # fmt: skip
+    for line in describe_self_check(p, {k: m.insitu_ratio for k, m in db.compute.items() if m.insitu_ratio}):
+        click.echo(line)
     if p.get("not_profiled"):
         click.echo(f"not profiled ({len(p['not_profiled'])}): " + "; ".join(list(p["not_profiled"].values())[:3]))

@@ -288,12 +288,15 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
 def _load_note(provenance: dict[str, Any]) -> str:
     """A line when the profile recorded that the machine was loaded while it was measured ('' if not)."""
     from distsim.machine_load import recorded_warnings
+    from distsim.self_check import bias_warning
 
     found = recorded_warnings(provenance)
+    bias = bias_warning(provenance)
+    note = f"warning: {bias}\n" if bias else ""
     if not found:
-        return ""
+        return note
     more = f" (and {len(found) - 1} more: distsim profile show)" if len(found) > 1 else ""
-    return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n"
+    return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n" + note
 
 
 def _summary(r: Any) -> str:

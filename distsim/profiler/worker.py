@@ -48,6 +48,8 @@ class ProfileConfig(WorkerConfig):
     overwrite: bool = False
     compute: bool = True
     comm: bool = True
+    self_check: bool = True
+    """Time a short in-situ chain of each distinct stage's blocks against the isolated timings."""
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
@@ -165,6 +167,9 @@ def run(cfg: ProfileConfig) -> None:
         for part, part_skipped in gathered:
             results.update(part)
             skipped.update(part_skipped)
+    self_check = None
+    if cfg.compute and cfg.self_check and results:
+        self_check = _self_check(model, cluster, strategies, results, existing, device, rank, world, log)
 
     # ------------------------------------------------------------------------------------------ communication
     comm: list[CommMeasurement] = []
@@ -199,6 +204,8 @@ def run(cfg: ProfileConfig) -> None:
                                  len(comm), device_name(device), load)  # fmt: skip
         if skipped:
             provenance["not_profiled"] = skipped
+        if self_check is not None:
+            provenance["self_check"] = provenance["runs"][0]["self_check"] = self_check
         db = ProfileDB(
             provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference)
         ).refit()
@@ -210,6 +217,34 @@ def run(cfg: ProfileConfig) -> None:
             f"in {elapsed:.1f} s")  # fmt: skip
     if world > 1:
         dist.destroy_process_group()
+
+
+def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[str, Any], existing: Any,
+                device: Any, rank: int, world: int, log: Callable[[str], None]) -> dict[str, Any] | None:  # fmt: skip
+    """Every rank times its share of the in-situ chains (distsim.profiler.insitu); rank 0 sets each measured
+    event's insitu_ratio in `results` and returns the provenance summary (other ranks: None)."""
+    from dataclasses import replace
+
+    from distsim.profiler.insitu import plan_chains, run_chains
+    from distsim.self_check import bias_warning, summarise
+
+    started = time.perf_counter()
+    measured = {k for k in results if not k.startswith("optimizer/")}
+    chains = plan_chains(model, cluster, strategies, wanted=measured)
+    timings = [t for part in _gather(run_chains(chains[rank::world], device, progress=log), world) for t in part]
+    if rank != 0:
+        return None
+    isolated = {k: m.seconds for k, m in {**(existing.compute if existing else {}), **results}.items()}
+    ratios, summary = summarise(timings, isolated, measured, time.perf_counter() - started)
+    for key, ratio in ratios.items():
+        results[key] = replace(results[key], insitu_ratio=ratio)
+    if "stage_ratio" in summary:
+        log(f"self-check: isolated / in-situ {summary['stage_ratio']:.3f} over {len(timings)} stage chain(s), per "
+            f"event {summary['ratio_min']:.3f}-{summary['ratio_max']:.3f} ({summary['events']} events)")  # fmt: skip
+    warning = bias_warning({"self_check": summary})
+    if warning:
+        log(f"warning: {warning}")
+    return summary
 
 
 def _gather(obj: Any, world: int) -> list[Any]:
