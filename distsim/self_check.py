@@ -2,9 +2,9 @@
 
 The profiler times every compute event alone (``distsim.profiler.compute``). How far that is from what the blocks
 take inside training depends on the device and on the timing method (on an H100, timing with a synchronisation before
-each call measured blocks 1.14-1.73x slower than a 24-layer chain of them). So that every profile states its own bias,
-the profiler also runs a short chain of each distinct stage's blocks in situ (``distsim.profiler.insitu``) and
-records, per event, isolated / in-situ (``Measurement.insitu_ratio``), and a summary in the provenance
+each call measured transformer blocks 1.14-1.35x their time in a 24-layer chain). So that every profile states its
+own bias, the profiler also runs a short chain of each distinct stage's blocks in situ (``distsim.profiler.insitu``)
+and records, per event, isolated / in-situ (``Measurement.insitu_ratio``), and a summary in the provenance
 (``self_check``): per chain, the sum of its blocks' isolated times against the chain's in-situ time.
 
 This module turns the chains' raw timings into that record, and the record into lines for ``distsim profile show``
