@@ -7,7 +7,9 @@
 # Rows, each profiled right before it is executed (its own profile, which its traces name):
 #   one GPU         gpt2-345m and bert-large at micro-batch sizes 4 and 8, gpt3-1.3b at 1 and 2 (1M1P1D, M=4);
 #                   a Hugging Face GPT-2 medium (24 layers, h=1024, seq 1024, bf16, micro-batch 8) through
-#                   `--torch-model` when this distsim's profile and execute have that option (else skipped, said so)
+#                   `distsim profile --torch-model` when this distsim has that option (else skipped, said so); executed
+#                   by `distsim execute --torch-model` if that exists, else its prediction (`simulate --model
+#                   PROFILE`) is compared with a plain training loop of the same module
 #   two+ GPUs       also gpt2-345m at micro-batch size 4 as 2D, 2P and 2M (1M1P2D, 1M2P1D, 2M1P1D) over NCCL on two
 #                   of them, launched with torchrun
 # A row that fails (out of memory, say) is reported and the others still run. Everything goes under OUT_DIR:
@@ -76,7 +78,7 @@ fail() {  # row, step
   FAILED+=("$1 $2")
 }
 
-row() {  # name ranks model_args... -- strategies...   (model_args: --model X --micro-batch-size B, or --torch-model F)
+row() {  # name ranks model_args... -- strategies...   (model_args: --model X --micro-batch-size B)
   local name=$1 ranks=$2
   shift 2
   local model_args=() strategies=()
@@ -114,15 +116,21 @@ for spec in gpt2-345m:4 gpt2-345m:8 bert-large:4 bert-large:8 gpt3-1.3b:1 gpt3-1
   row "$model-mbs$mbs" 1 --model "$model" --micro-batch-size "$mbs" -- 1M1P1D
 done
 
-# A Hugging Face GPT-2 medium through --torch-model (module:function returning (module, batch)).
-if ! "$PY" -m distsim profile --help 2>/dev/null | grep -q -- "--torch-model" \
-    || ! "$PY" -m distsim execute --help 2>/dev/null | grep -q -- "--torch-model"; then
-  echo "== hf-gpt2-medium: skipped: this distsim's profile and execute have no --torch-model option"
-elif ! "$PY" -c "import transformers" 2>/dev/null; then
-  echo "== hf-gpt2-medium: skipped: transformers is not installed for $PY"
-else
-  cat >"$OUT/hf_gpt2_medium.py" <<'EOF'
-"""Hugging Face GPT-2 medium (24 layers, h=1024, 16 heads, seq 1024, SDPA attention, bf16) and one micro-batch of 8."""
+# A Hugging Face GPT-2 medium through --torch-model (module:function returning (module, batch)). Where execute runs
+# such a module too, its trace joins the suite; where it does not, the row compares `simulate --model PROFILE` with
+# a plain training loop of the same module (M micro-batches forward and backward, one AdamW step; as hf_ref.py).
+HF_RESULT=""
+hf_row() {
+  local name=hf-gpt2-medium cluster="$OUT/cluster-1gpu.yaml"
+  local log="$OUT/logs/$name.log" profile="$OUT/profiles/$name.json" spec="$OUT/hf_gpt2_medium.py:gpt2_medium"
+  echo "== $name (1M1P1D through --torch-model)"
+  cat >"$OUT/hf_gpt2_medium.py" <<'PYEOF'
+"""Hugging Face GPT-2 medium (24 layers, h=1024, 16 heads, seq 1024, SDPA attention, bf16) and a micro-batch of 8.
+`python hf_gpt2_medium.py M STEPS` prints the median seconds of a plain training step (M micro-batches, AdamW)."""
+import statistics
+import sys
+import time
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -131,11 +139,60 @@ def gpt2_medium():
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=1024, vocab_size=50257,
                      attn_implementation="sdpa")
-    model = GPT2LMHeadModel(cfg).to(torch.bfloat16)
     ids = torch.randint(0, cfg.vocab_size, (8, 1024))
-    return model, {"input_ids": ids, "labels": ids}
-EOF
-  row hf-gpt2-medium 1 --torch-model "$OUT/hf_gpt2_medium.py:gpt2_medium" -- 1M1P1D
+    return GPT2LMHeadModel(cfg).to(torch.bfloat16), {"input_ids": ids, "labels": ids}
+
+
+if __name__ == "__main__":
+    micro_batches, steps = int(sys.argv[1]), int(sys.argv[2])
+    model, batch = gpt2_medium()
+    model = model.cuda().train()
+    batch = {k: v.cuda() for k, v in batch.items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for _ in range(steps + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(micro_batches):
+            (model(**batch).loss / micro_batches).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    print(statistics.median(times[3:]))
+PYEOF
+  if ! "$PY" -m distsim profile --torch-model "$spec" --cluster "$cluster" --strategy 1M1P1D --micro-batches "$M" \
+      --out "$profile" --overwrite >>"$log" 2>&1; then
+    fail "$name" profile
+    return
+  fi
+  grep -h "self-check:\|warning:" "$log" | sed 's/^/   /'
+  if "$PY" -m distsim execute --help 2>/dev/null | grep -q -- "--torch-model"; then
+    "$PY" -m distsim execute --torch-model "$spec" --cluster "$cluster" --strategy 1M1P1D --micro-batches "$M" \
+      --profile "$profile" --iterations "$ITERATIONS" --warmup "$WARMUP" --out "$OUT/traces/$name-1M1P1D.json" \
+      >>"$log" 2>&1 || fail "$name" "execute 1M1P1D"
+    return
+  fi
+  local predicted measured
+  predicted=$("$PY" -m distsim simulate --model "$profile" --cluster "$cluster" --strategy 1M1P1D \
+    --micro-batches "$M" --json 2>>"$log" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["iteration_time_s"])') \
+    || { fail "$name" simulate; return; }
+  measured=$("$PY" "$OUT/hf_gpt2_medium.py" "$M" "$ITERATIONS" 2>>"$log" | tail -n 1) \
+    || { fail "$name" "training loop"; return; }
+  HF_RESULT=$("$PY" - "$predicted" "$measured" <<'PYEOF'
+import sys
+p, m = map(float, sys.argv[1:])
+print(f"predicted {p * 1e3:.1f} ms, measured {m * 1e3:.1f} ms (plain training loop), error {100 * (p - m) / m:+.2f} %")
+PYEOF
+  )
+  echo "   $HF_RESULT"
+}
+if ! "$PY" -m distsim profile --help 2>/dev/null | grep -q -- "--torch-model"; then
+  echo "== hf-gpt2-medium: skipped: this distsim's profile has no --torch-model option"
+elif ! "$PY" -c "import transformers" 2>/dev/null; then
+  echo "== hf-gpt2-medium: skipped: transformers is not installed for $PY"
+else
+  hf_row
 fi
 
 # ------------------------------------------------------------------------------------------------- two GPUs, NCCL
@@ -153,15 +210,19 @@ if ls "$OUT"/traces/*.json >/dev/null 2>&1; then
     || FAILED+=("validate --json")
   "$PY" -m distsim validate --suite "$OUT/traces" --csv "$OUT/validate.csv" 2>>"$OUT/logs/validate.log" \
     | tee "$OUT/validate.txt" || FAILED+=("validate")
-  echo
-  echo "profiles' self-checks (isolated / in-situ compute time; distsim profile show FILE):"
-  for p in "$OUT"/profiles/*.json; do
-    printf '  %-28s %s\n' "$(basename "$p" .json)" \
-      "$("$PY" -m distsim profile show "$p" 2>/dev/null | grep -m1 '^self-check' || echo '-')"
-  done
 else
   echo "no traces were written"
 fi
+if [ -n "$HF_RESULT" ]; then
+  echo "hf-gpt2-medium 1M1P1D M=$M: $HF_RESULT" | tee -a "$OUT/validate.txt"
+fi
+echo
+echo "profiles' self-checks (isolated / in-situ compute time; distsim profile show FILE):"
+for p in "$OUT"/profiles/*.json; do
+  [ -e "$p" ] || continue
+  printf '  %-28s %s\n' "$(basename "$p" .json)" \
+    "$("$PY" -m distsim profile show "$p" 2>/dev/null | grep -m1 '^self-check' || echo '-')"
+done
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo
   echo "failed (${#FAILED[@]}): ${FAILED[*]}"
