@@ -111,6 +111,16 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 )
 @click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
 @click.option(
+    "--host",
+    "host_mode",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Model each GPU's host enqueuing its kernels (a kernel starts no earlier than its launch; the host waits "
+    "for received data and for the gradients before the optimizer step). auto: when kernels cost host time to "
+    "launch (GPU clusters, or a profile that measured launches).",
+)
+@click.option(
     "--straggler",
     multiple=True,
     metavar="GPU=FACTOR",
@@ -197,6 +207,7 @@ def simulate(**kw: Any) -> None:
         symmetric=False if kw["full"] else None,
         rank_order=kw["rank_order"],
         link_sharing=kw["link_sharing"],
+        host={"auto": None, "on": True, "off": False}[kw["host_mode"]],
     )
     try:
         progress = _announce(estimate_size(model, cluster, target, costs, options, kw["samples"]), kw["max_tasks"])
