@@ -5,7 +5,9 @@ recorded without overlaps (one process, fast)."""
 from __future__ import annotations
 
 import itertools
+import json
 import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from distsim.models import get_model  # noqa: E402
 from distsim.partition import ranges  # noqa: E402
 from distsim.placement import Placement  # noqa: E402
 from distsim.schedules import build_schedule  # noqa: E402
+from distsim.trace import HOST_TIMING, Trace  # noqa: E402
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
 
@@ -183,3 +186,14 @@ def test_a_cpu_iteration_records_every_block_without_host_rows_or_overlaps() -> 
         assert all(e <= s2 for (_, e), (s2, _) in itertools.pairwise(mine))  # one stream, no overlap
         assert rec.iteration_starts[it] <= mine[0][0]
     assert [r[1] for _, r in rows].count("optimizer") == 2
+
+
+def test_traces_record_their_timing_and_older_ones_read_as_host_timed(tmp_path: Path) -> None:
+    shipped = json.loads(Path("traces/gpt2-cpu-1x2-1M2P1D-1f1b-M4.json").read_text())
+    old = Trace.from_dict(shipped)
+    assert "timing" not in old.provenance and old.timing == HOST_TIMING and not old.host_timed_gpu
+    gpu_old = Trace(old.plan, {**old.provenance, "threads_per_rank": None, "backend": "none"}, old.iterations)
+    assert gpu_old.host_timed_gpu  # a GPU run before CUDA events: per-event times are launch spans
+    timing = clock_for(torch.device("cpu")).describe()
+    new = Trace(old.plan, {**gpu_old.provenance, "timing": {**timing, "device_clock": "cuda_event"}}, old.iterations)
+    assert not Trace.from_dict(json.loads(json.dumps(new.to_dict()))).host_timed_gpu
