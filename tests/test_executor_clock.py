@@ -197,3 +197,40 @@ def test_traces_record_their_timing_and_older_ones_read_as_host_timed(tmp_path: 
     timing = clock_for(torch.device("cpu")).describe()
     new = Trace(old.plan, {**gpu_old.provenance, "timing": {**timing, "device_clock": "cuda_event"}}, old.iterations)
     assert not Trace.from_dict(json.loads(json.dumps(new.to_dict()))).host_timed_gpu
+
+
+def test_validate_compares_device_spans_counts_host_rows_in_the_iteration_and_notes_host_timed_gpu_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pandas as pd
+
+    from distsim.costs import AnalyticCosts
+    from distsim.io import load_cluster, load_model, write_json
+    from distsim.simulate import simulate
+    from distsim.timeline import COLUMNS
+    from tests.util import run_cli
+
+    model, cluster = load_model("gpt2-cpu"), load_cluster("cpu-1x2")
+    strategy = Strategy.from_str("tp=1 pp=2 dp=1 mb=4 schedule=1f1b partition=4:2")
+    df = simulate(model, cluster, strategy, AnalyticCosts(cluster)).timeline.expand().df
+    t = float(df["end_s"].max())
+    # each GPU's host: launches ahead of its device, then the final wait, until 10 % after the device's last event
+    host = pd.DataFrame([(g, 0, "host", "launch", name, -1, 0, -1, s, e) for g in (0, 1)
+                         for name, s, e in (("layer0.attention", 0.0, 0.001 * t), ("synchronize", 0.5 * t, 1.1 * t))],
+                        columns=list(COLUMNS))  # fmt: skip
+    measured = pd.concat([df[list(COLUMNS)], host], ignore_index=True)
+    plan = {"model": "gpt2-cpu", "cluster": "cpu-1x2", "nodes": 1, "strategy": strategy.describe(),
+            "p2p_blocking": False, "warmup": 0, "iterations": 1}  # fmt: skip
+    timing = {**clock_for(torch.device("cpu")).describe(), "device_clock": "cuda_event", "host_rows": True}
+    for name, provenance in (("old", {"threads_per_rank": None}), ("new", {"threads_per_rank": None,
+                                                                            "timing": timing})):  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        write_json(path, Trace(plan, provenance, [measured]).to_dict())
+        code, out, err = run_cli(["validate", "--trace", str(path), "--samples", "0", "--json"], capsys)
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["measured_s"] == pytest.approx(1.1 * t)  # the host's wall time, to its final synchronize
+        assert set(got["per_gpu_error"].values()) == {0.0}  # events compared by their device spans only
+        assert got["host_timed_gpu"] == (name == "old")
+        code, out, err = run_cli(["validate", "--trace", str(path), "--samples", "0"], capsys)
+        assert code == 0 and ("timed by the host clock" in out + err) == (name == "old"), err
