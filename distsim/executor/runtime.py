@@ -295,6 +295,11 @@ class Runtime:
     def _peer(self, vs: int) -> int:
         return int(self.grid[vs % self.pp, self.replica, self.tp_rank])
 
+    def _p2p_group(self, src: int, dst: int, phase: str) -> Any:
+        """The group of this direction's transfers (activations forward, gradients backward), or None: the default
+        group (one process, or a runtime built without the executor's groups)."""
+        return self.groups.get("p2p", {}).get((src, dst, phase))
+
     def _samples(self, mb: int) -> range:
         mbs, m = self.strategy.micro_batch_size, self.strategy.num_micro_batches
         first = (self.replica * m + mb) * mbs
@@ -313,17 +318,18 @@ class Runtime:
         with nullcontext() if self.p2p_blocking else self.clock.side(f"p2p:{dst}"):
             start = self.clock.mark()
             works = []
+            group = self._p2p_group(self.rank, dst, phase)
             for t in tensors:
                 t = t.detach().contiguous()
                 if first:  # on the rank's device: NCCL sends device tensors only
                     header = torch.tensor([t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.int64,
                                           device=self.device)  # fmt: skip
-                    dist.send(torch.tensor([header.numel()], dtype=torch.int64, device=self.device), dst)
-                    dist.send(header, dst)
+                    dist.send(torch.tensor([header.numel()], dtype=torch.int64, device=self.device), dst, group)
+                    dist.send(header, dst, group)
                 if self.p2p_blocking:
-                    dist.send(t, dst)
+                    dist.send(t, dst, group)
                 else:
-                    works.append(dist.isend(t, dst))
+                    works.append(dist.isend(t, dst, group))
                     self.pending.append((works[-1], t))
             end = self.clock.mark() if self.p2p_blocking else self.clock.enqueued(works)
         meta: Meta = (stream, "p2p", f"{what} {src_vs}->{vs}", -1, src_vs, mb)
@@ -335,18 +341,19 @@ class Runtime:
         shape_key = (vs, dst_vs, phase)
         out = []
         first = shape_key not in self.shapes
+        group = self._p2p_group(src, self.rank, phase)
         for i in range(n):
             if first:  # the first iteration's transfer (a warm-up one): waiting for the header is fine
                 head_len = torch.zeros(1, dtype=torch.int64, device=self.device)
-                dist.recv(head_len, src)
+                dist.recv(head_len, src, group)
                 header = torch.zeros(int(head_len.item()), dtype=torch.int64, device=self.device)
-                dist.recv(header, src)
+                dist.recv(header, src, group)
                 values = header.tolist()
                 ndim = values[0]
                 self.shapes.setdefault(shape_key, []).append((tuple(values[1 : 1 + ndim]), _DTYPES[values[1 + ndim]]))
             shape, dtype = self.shapes[shape_key][i]
             t = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.recv(t, src)
+            dist.recv(t, src, group)
             out.append(t)
         self.recorder.received(key, self.clock.mark())  # the current stream has the data (it waited for the recv)
         return out

@@ -155,6 +155,18 @@ def _groups(model: Any, strategy: Any, placement: Any, stage_ranges: Any, rank: 
             group = dist.new_group(members)
             if rank in members:
                 out["dp"] = group
+    # one group per direction between pipeline neighbours: on NCCL the sends and receives of one communicator run
+    # in order on one stream, so activations one way and gradients the other way (1F1B: rank 0 sends act k+1
+    # before it receives grad k, rank 1 sends grad k before it receives act k+1) could wait on each other
+    for p in range(pp if pp > 1 else 0):
+        q = (p + 1) % pp  # activations go p -> q (q = 0: the next chunk of an interleaved schedule), gradients back
+        for phase, (src, dst) in (("F", (p, q)), ("B", (q, p))):
+            for d in range(dp):
+                for t in range(tp):
+                    a, b = int(grid[src, d, t]), int(grid[dst, d, t])
+                    group = dist.new_group(sorted({a, b}))
+                    if rank in (a, b):
+                        out.setdefault("p2p", {})[(a, b, phase)] = group
     rank_of = {li: r for r in range(pp) for li in rank_layers(stage_ranges, pp, r)}
     for li, layer in enumerate(model.layers):
         if layer.tied_to is None:
