@@ -69,7 +69,7 @@ def test_profiles_without_a_model_stay_version_1_and_are_no_model(
 def test_grid_search_and_execute_of_a_profiled_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _hand_profile(tmp_path / "p.json")
     code, out, err = run_cli(["search", "grid", "--model", str(path), "--cluster", "cpu-1x2", "--gpus", "2",
-                              "--global-batch", "8", "--csv", str(tmp_path / "g.csv")], capsys)  # fmt: skip
+                              "--global-batch", "8", "--plan-out", str(tmp_path / "best.yaml")], capsys)  # fmt: skip
     assert code == 0, err
     assert "mbs=4" in out and "costs: profile" in out  # its micro-batch size and its own measurements
     code, _, err = run_cli(["execute", "--model", str(path), "--cluster", "cpu-1x2", "--strategy", "1M1P2D",
