@@ -180,7 +180,7 @@ class _PlanBuilder(CommWriter):
         if len(self.devices[s]) < 2:
             return
         if layer >= 0:
-            shard = model.layers[layer].shard_params(1) if model.owns_params(layer, self.held[s]) else 0.0
+            shard = model.stored_params(layer, self.held[s], 1)
             name = f"grads {model.layers[layer].name}"
         else:
             shard = model.rank_params(sorted(self.held[s]), 1)
@@ -201,7 +201,7 @@ class _PlanBuilder(CommWriter):
             if layer.tied_to is None:
                 continue
             sa, sb = stage_of[model.index[layer.tied_to]], stage_of[i]
-            nbytes = round(layer.shard_params(1) * model.precision.grad_bytes)
+            nbytes = round(layer.tied_shard_params(1) * model.precision.grad_bytes)
             if sa == sb or nbytes <= 0:
                 continue
             da, db = self.devices[sa], self.devices[sb]

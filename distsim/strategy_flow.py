@@ -309,7 +309,7 @@ class _Builder(CommWriter):
         model = self.flow.model
         if layer >= 0:
             held = self.rank_layers[r]
-            shard = model.layers[layer].shard_params(self.tp) if model.owns_params(layer, held) else 0.0
+            shard = model.stored_params(layer, held, self.tp)
             name, stage = f"grads {model.layers[layer].name}", vs_or_rank
         else:
             shard = self.rank_shard_params(r)
@@ -356,7 +356,7 @@ class _Builder(CommWriter):
             ra, rb = rank_of[model.index[layer.tied_to]], rank_of[i]
             if ra == rb:
                 continue
-            nbytes = round(layer.shard_params(self.tp) * model.precision.grad_bytes)
+            nbytes = round(layer.tied_shard_params(self.tp) * model.precision.grad_bytes)
             if nbytes <= 0:
                 continue
             pairs = self.pairs.get((ra, rb))
