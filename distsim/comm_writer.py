@@ -4,21 +4,26 @@ their overlap shadows, and the optimizer step after them. Both flow builders (:m
 
 from __future__ import annotations
 
-from distsim.costs import CommEvent, CostSource, optimizer_key
+from distsim.cluster import Cluster
+from distsim.costs import CommEvent, ComputeEvent, CostSource, optimizer_key
 from distsim.events import (
     K_DP,
+    K_LAUNCH,
     K_OPT,
     K_P2P,
     K_SHADOW,
     S_COMPUTE,
     S_DP,
+    S_HOST,
     S_LINK_INTER,
     S_LINK_INTRA,
     S_P2P,
     EventFlow,
     FlowOptions,
 )
+from distsim.models.graph import Model
 from distsim.placement import CommInstance
+from distsim.strategy import Strategy
 
 
 class CommWriter:
@@ -27,6 +32,8 @@ class CommWriter:
     def __init__(self, flow: EventFlow, costs: CostSource, options: FlowOptions):
         self.flow, self.costs, self.options = flow, costs, options
         self.serialize = options.link_sharing == "serialize"
+        self.host = models_host(options, flow.model, flow.cluster, flow.strategy, costs)
+        """Model each simulated GPU's host enqueuing its kernels (see :meth:`launch`)."""
         self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
         self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
         self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
@@ -91,7 +98,9 @@ class CommWriter:
         return tid
 
     def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
-        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce."""
+        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce. With the
+        host modelled, the host waits for the gradients first (a synchronisation point: the step reads them, e.g.
+        for the gradient norm or an overflow check) and then enqueues the step's kernels."""
         if shard_params <= 0:
             return
         flow = self.flow
@@ -100,4 +109,36 @@ class CommWriter:
         key = flow.intern(optimizer_key(shard_params, state), cost, "optimizer")
         for g in gpus:
             deps = [self.last_dp[g]] if g in self.last_dp else []
-            flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1, key, deps)
+            host = None
+            if self.host:
+                waits = list(deps)
+                if not waits and (g, S_COMPUTE) in flow._last:  # no gradient all-reduce: the last backward
+                    waits = [flow._last[(g, S_COMPUTE)]]
+                launch = cost.launch_s or flow.cluster.gpu.kernel_launch_s
+                host = self.launch(g, launch, waits, stage, -1, "launch optimizer step")
+            tid = flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1,
+                           key, deps)  # fmt: skip
+            if host is not None:
+                flow.release(host, tid, flow.duration_s[host])
+
+    def launch(self, g: int, seconds: float, waits: list[int], stage: int, mb: int, name: str) -> int:
+        """The host of GPU g enqueuing `seconds` worth of kernel launches, in program order after its previous
+        launches and after the tasks it `waits` for (a receive whose data it needs, the gradients before the
+        optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
+        """
+        return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+
+
+def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:
+    """Whether the flow models the hosts (``options.host``; by default when kernels cost host time to launch: the
+    cluster's GPU has a launch cost, or the cost source gives one, as a profile that measured it, for the model's
+    first block)."""
+    if options.host is not None:
+        return options.host
+    if cluster.gpu.kernel_launch_s > 0:
+        return True
+    layer = next((layer for layer in model.layers if layer.blocks), None)
+    if layer is None:
+        return False
+    event = ComputeEvent(layer.blocks[0], "F", strategy.micro_batch_size, strategy.tp, model.precision.name)
+    return costs.compute(event).launch_s > 0

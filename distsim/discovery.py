@@ -118,6 +118,8 @@ def discover(
         flow = build_flow(model, cluster, strategy, recorder, options)
         weight = {g: len(r) for g, r in flow.represents.items()}
         for k, slots in zip(flow.key, flow.slots, strict=True):
+            if k < 0:  # the host enqueuing kernels: not an event to measure
+                continue
             key = flow.keys[k]
             occurrences[key] = occurrences.get(key, 0) + sum(weight[g] for g, _ in slots)
         per_strategy.append(StrategyEvents(strategy, flow.events_total, flow.events_unique))

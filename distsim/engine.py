@@ -12,7 +12,7 @@ tasks that became ready together).
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import simpy
@@ -29,12 +29,19 @@ class EngineResult:
         return max(self.end_s, default=0.0)
 
 
-def run(duration_s: Sequence[float], deps: Sequence[Sequence[int]]) -> EngineResult:
-    """Execute tasks `0..n-1` with the given durations and dependency lists; return their start and end times."""
+def run(
+    duration_s: Sequence[float],
+    deps: Sequence[Sequence[int]],
+    releases: Mapping[int, Sequence[tuple[int, float]]] | None = None,
+) -> EngineResult:
+    """Execute tasks `0..n-1` with the given durations and dependency lists; return their start and end times.
+
+    `releases`: task -> (other task, offset): the other task starts no earlier than `offset` seconds after this one
+    starts (a kernel is not started before the host has enqueued it)."""
     enabled = gc.isenabled()
     gc.disable()  # the run allocates many small objects and no cycles; collection passes only cost time
     try:
-        return _run(duration_s, deps)
+        return _run(duration_s, deps, releases or {})
     finally:
         if enabled:
             gc.enable()
@@ -51,16 +58,28 @@ class _Finish(Event):
         env.schedule(self, NORMAL, delay)
 
 
-def _run(duration_s: Sequence[float], deps: Sequence[Sequence[int]]) -> EngineResult:
+def _run(
+    duration_s: Sequence[float], deps: Sequence[Sequence[int]], releases: Mapping[int, Sequence[tuple[int, float]]]
+) -> EngineResult:
     n = len(duration_s)
     dependents: list[list[int]] = [[] for _ in range(n)]
     waiting = [len(ds) for ds in deps]
     for i, ds in enumerate(deps):
         for d in ds:
             dependents[d].append(i)
+    for pairs in releases.values():
+        for j, _offset in pairs:
+            waiting[j] += 1
     env = simpy.Environment()
     start = [0.0] * n
     end = [0.0] * n
+
+    def begin(j: int, now: float) -> None:
+        start[j] = now
+        _Finish(env, duration_s[j], j, done)
+        if releases:
+            for k, offset in releases.get(j, ()):
+                _Finish(env, offset, k, released)
 
     def done(event: Event) -> None:
         i = event.value
@@ -70,12 +89,18 @@ def _run(duration_s: Sequence[float], deps: Sequence[Sequence[int]]) -> EngineRe
             w = waiting[j] - 1
             waiting[j] = w
             if w == 0:
-                start[j] = now
-                _Finish(env, duration_s[j], j, done)
+                begin(j, now)
+
+    def released(event: Event) -> None:
+        k = event.value
+        w = waiting[k] - 1
+        waiting[k] = w
+        if w == 0:
+            begin(k, env.now)
 
     for i in range(n):
         if waiting[i] == 0:
-            _Finish(env, duration_s[i], i, done)
+            begin(i, 0.0)
     env.run()
     blocked = [i for i in range(n) if waiting[i] > 0]
     if blocked:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource
@@ -73,6 +74,13 @@ class FlowOptions:
     """Rank placement, innermost dimension first (Megatron-LM: tensor, then data, then pipeline)."""
     link_sharing: str = "structural"
     """``structural``: traffic kinds overlap, NIC shares from the structure; ``serialize``: one queue per link."""
+    host: bool | None = None
+    """Model each GPU's host enqueuing its kernels (a ``host`` stream; a kernel starts no earlier than its launch).
+    None: when kernels cost host time to launch (the cluster's GPU has a launch cost, or the profile measured one)."""
+    exact_host: bool = False
+    """Keep every launch constraint. By default one that the previous kernel of a chain already implies (it runs at
+    least as long as this kernel's launch) is left out, which keeps large models' flows small; stochastic runs, whose
+    durations vary, keep them all."""
 
     def __post_init__(self) -> None:
         if self.link_sharing not in LINK_SHARING:
@@ -108,6 +116,9 @@ class EventFlow:
     keys: list[str] = field(default_factory=list)
     key_costs: list[Cost] = field(default_factory=list)
     key_kinds: list[str] = field(default_factory=list)
+    releases: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after the
+    host task starts (its kernel is enqueued by then)."""
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -158,11 +169,23 @@ class EventFlow:
         self.key.append(key)
         return tid
 
-    def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int) -> int:
+    def release(self, host_task: int, task: int, offset_s: float) -> None:
+        """`task` starts no earlier than `offset_s` after `host_task` starts (its kernel's launch ends then)."""
+        self.releases.setdefault(host_task, []).append((task, offset_s))
+
+    def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int,
+                  host: tuple[int, float] | None = None, exact: bool = False) -> int:  # fmt: skip
         """Append a stage template's ops on one GPU at once, each after the one before: exactly the tasks and
         dependency lists that :meth:`add` would give op by op (a compute op first waits for `first_deps`, a
-        tensor-parallel op only for the op before it), in a fraction of the time. Returns the last task id."""
+        tensor-parallel op only for the op before it), in a fraction of the time. With `host` = (host task, offset),
+        each op starts no earlier than its launch ends (the chain's launches run back to back from `offset` after
+        the host task's start); a constraint the previous op implies is left out unless `exact`. Returns the last
+        task id."""
         tid0 = len(self.duration_s)
+        if host is not None:
+            host_task, base = host
+            for i in chain.launch_constrained if not exact else range(len(chain.links)):
+                self.release(host_task, tid0 + i, base + chain.launch_ends[i])
         last = self._last
         deps = self.deps
         for i, (first_compute, prev) in enumerate(chain.links):
@@ -191,7 +214,7 @@ class EventFlow:
     def events_total(self) -> int:
         """Per-GPU events of the whole cluster (what a full trace would contain)."""
         weight = {g: len(r) for g, r in self.represents.items()}
-        return sum(weight[g] for slots, k in zip(self.slots, self.kind, strict=True) if k != K_SHADOW
+        return sum(weight[g] for slots, k in zip(self.slots, self.kind, strict=True) if k not in (K_SHADOW, K_LAUNCH)
                    for g, _ in slots)  # fmt: skip
 
     @property
@@ -209,6 +232,8 @@ class StageOp:
     name: str
     layer: int
     comm: CommEvent | None = None
+    launch: float = 0.0
+    """Host seconds to enqueue the op's kernels (0: launches not modelled)."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +252,16 @@ class Chain:
     template; the index in the chain of the previous op on its slot, or -1: the slot's last task before it)."""
     last_on_slot: tuple[tuple[tuple[int, int], int], ...]
     """(slot, index of the chain's last op on it)."""
+    launch_ends: tuple[float, ...] = ()
+    """Per op: when its launch ends, from the start of the host task that enqueues the chain (cumulative launches)."""
+    launch_constrained: tuple[int, ...] = ()
+    """Ops whose launch can delay them: the first, and each whose launch outlasts the previous op (whose start is no
+    earlier than its own launch end, so it implies the rest)."""
+
+    @property
+    def launch_s(self) -> float:
+        """Host seconds to enqueue the whole chain."""
+        return self.launch_ends[-1] if self.launch_ends else 0.0
 
     @classmethod
     def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[int, int]], speed: float, starts: bool = True) -> Chain:
@@ -237,8 +272,11 @@ class Chain:
         for i, (op, slot) in enumerate(zip(ops, slots, strict=True)):
             links.append((i == 0 and not (starts and op.kind == K_TP), seen.get(slot, -1)))
             seen[slot] = i
+        durations = tuple(op.dur if op.kind == K_TP else op.dur * speed for op in ops)
+        ends = tuple(accumulate(op.launch for op in ops))
+        constrained = tuple(i for i in range(len(ops)) if i == 0 or durations[i - 1] < ops[i].launch)
         return cls(
-            durations=tuple(op.dur if op.kind == K_TP else op.dur * speed for op in ops),
+            durations=durations,
             slots=tuple((slot,) for slot in slots),
             kinds=tuple(op.kind for op in ops),
             names=tuple(op.name for op in ops),
@@ -246,6 +284,8 @@ class Chain:
             keys=tuple(op.key for op in ops),
             links=tuple(links),
             last_on_slot=tuple(seen.items()),
+            launch_ends=ends,
+            launch_constrained=constrained,
         )
 
 
@@ -291,11 +331,12 @@ def stage_templates(
                 cost = costs.compute(ev)
                 key = flow.intern(ev.key, cost, "compute")
                 label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
-                ops.append(StageOp(kind, cost.seconds, key, label, li))
+                ops.append(StageOp(kind, cost.seconds, key, label, li, launch=cost.launch_s))
                 ar_bytes = block.tp_fwd_allreduce_bytes if phase == "F" else block.tp_bwd_allreduce_bytes
                 if tp > 1 and ar_bytes > 0 and block.tp == "shard" and tp_instance is not None:
                     cev = CommEvent("all_reduce", round(ar_bytes * mbs), tp, tp_instance.scope, tp_instance.sharers)
                     ccost = costs.comm(cev)
                     ckey = flow.intern(cev.key, ccost, "tp_allreduce")
-                    ops.append(StageOp(K_TP, ccost.seconds, ckey, label, li, cev))
+                    launch = ccost.launch_s or flow.cluster.gpu.kernel_launch_s  # one collective kernel
+                    ops.append(StageOp(K_TP, ccost.seconds, ckey, label, li, cev, launch))
     return out

@@ -24,6 +24,7 @@ from distsim.cluster import GPU, Cluster, Link, get_cluster
 from distsim.errors import ClusterError, DistsimError, ModelFileError, ProfileError
 from distsim.models import Model, get_model, model_from_dict
 from distsim.output import STDOUT, open_output
+from distsim.profile_db import SCHEMA as PROFILE_SCHEMA
 from distsim.profile_db import ProfileDB
 from distsim.trace_export import WARN_BYTES
 
@@ -81,11 +82,29 @@ def read_structured(path: str | Path, error: type[DistsimError], kind: str | Non
 
 
 def load_model(name_or_path: str) -> Model:
-    """A zoo model by name, or a model described in a YAML/JSON file."""
+    """A zoo model by name, a model described in a YAML/JSON file, or the layer graph a profile of a torch module
+    holds (``distsim profile --torch-model``)."""
     if _looks_like_path(name_or_path):
         data = read_structured(name_or_path, ModelFileError, "model")
+        if isinstance(data, dict) and data.get("schema") == PROFILE_SCHEMA:
+            model = ProfileDB.from_dict(data, where=str(name_or_path)).model
+            if model is None:
+                raise ModelFileError(f"{name_or_path}: a profile without a model (measured for --model NAME|FILE); "
+                                     "give that model as --model and this file as --profile")  # fmt: skip
+            return model_from_dict(model, where=f"{name_or_path} model")
         return model_from_dict(data, where=str(name_or_path))
     return get_model(name_or_path)
+
+
+def is_model_profile(name_or_path: str) -> bool:
+    """Whether a --model argument names a profile that holds its model (and so also serves as --profile)."""
+    if not (name_or_path.endswith(".json") and os.path.isfile(name_or_path)):
+        return False
+    try:
+        data = read_structured(name_or_path, ModelFileError, "model")
+    except DistsimError:
+        return False
+    return isinstance(data, dict) and data.get("schema") == PROFILE_SCHEMA and data.get("model") is not None
 
 
 _CLUSTER_KEYS = {"base", "name", "nodes", "gpus_per_node", "gpu", "intra", "inter", "nics_per_node", "source"}

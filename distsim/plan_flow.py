@@ -17,14 +17,14 @@ simulated (replicas of different widths are not symmetric).
 from __future__ import annotations
 
 from distsim.cluster import Cluster
-from distsim.comm_writer import CommWriter
+from distsim.comm_writer import CommWriter, models_host
 from distsim.costs import CostSource
 from distsim.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
 from distsim.plan import Plan, PlanError, check_plan
 from distsim.schedules import Action, build_schedule
-from distsim.strategy_flow import overlap_shadows
+from distsim.strategy_flow import launch_offsets, overlap_shadows
 
 
 def build_plan_flow(
@@ -67,6 +67,8 @@ def estimate_plan_tasks(
         if s + 1 < len(plan.stages):
             total += plan.micro_batches * 2 * _transfers(plan, s, s + 1) * send_tasks
     widest = max(stage.replicas for stage in plan.stages)
+    if models_host(options, model, cluster, plan.pipeline_strategy(), costs):
+        total += sum(plan.micro_batches * 2 * stage.replicas + stage.replicas for stage in plan.stages)
     return total + sum(layer.tied_to is not None for layer in model.layers) * widest
 
 
@@ -137,11 +139,19 @@ class _PlanBuilder(CommWriter):
             lanes.append((self.template(s, hi - lo)[a.op], frontier))
         last = [-1] * len(gpus)
         ops0 = lanes[0][0]
+        hosts: list[int] = []
+        offsets = [launch_offsets(ops, wfbp) for ops, _ in lanes] if self.host else []
+        for j, g in enumerate(gpus if self.host else []):  # the host waits for its data, then enqueues the kernels
+            hosts.append(self.launch(g, offsets[j][1], list(lanes[j][1]), s, mb, f"launch {a}"))
         for idx in range(len(ops0)):
             for j, g in enumerate(gpus):
-                op = lanes[j][0][idx]
+                ops = lanes[j][0]
+                op = ops[idx]
                 assert op.kind != K_TP  # stages plans have no tensor parallelism
                 deps = list(lanes[j][1]) if idx == 0 else [last[j]]
+                if hosts and (self.options.exact_host or idx == 0 or (wfbp and ops[idx - 1].layer != op.layer)
+                              or ops[idx - 1].dur * self.speed[g] < op.launch):  # fmt: skip
+                    flow.release(hosts[j], len(flow), offsets[j][0][idx])
                 last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer, s, mb,
                                    op.key, deps)  # fmt: skip
             layer = ops0[idx].layer
@@ -170,7 +180,7 @@ class _PlanBuilder(CommWriter):
         if len(self.devices[s]) < 2:
             return
         if layer >= 0:
-            shard = model.layers[layer].shard_params(1) if model.owns_params(layer, self.held[s]) else 0.0
+            shard = model.stored_params(layer, self.held[s], 1)
             name = f"grads {model.layers[layer].name}"
         else:
             shard = model.rank_params(sorted(self.held[s]), 1)
@@ -191,7 +201,7 @@ class _PlanBuilder(CommWriter):
             if layer.tied_to is None:
                 continue
             sa, sb = stage_of[model.index[layer.tied_to]], stage_of[i]
-            nbytes = round(layer.shard_params(1) * model.precision.grad_bytes)
+            nbytes = round(layer.tied_shard_params(1) * model.precision.grad_bytes)
             if sa == sb or nbytes <= 0:
                 continue
             da, db = self.devices[sa], self.devices[sb]

@@ -29,6 +29,7 @@ KIND_COLORS = {
     "tp_allreduce": "#B279A2",
     "p2p": "#E45756",
     "dp_allreduce": "#F58518",
+    "launch": "#BAB0AC",
 }
 KIND_LABELS = {
     "forward": "forward",
@@ -37,6 +38,7 @@ KIND_LABELS = {
     "tp_allreduce": "tensor-parallel all-reduce",
     "p2p": "pipeline send",
     "dp_allreduce": "gradient all-reduce",
+    "launch": "host enqueuing kernels",
 }
 COMPUTE_ROW = {"forward", "backward", "optimizer"}
 
@@ -89,10 +91,12 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
             kind = str(kind)
             start = (part["start_s"].to_numpy() - t0) * 1e3
             width = (part["end_s"].to_numpy() - part["start_s"].to_numpy()) * 1e3
-            ybase = y - 0.4 if kind in COMPUTE_ROW else y + 0.02
+            ybase, height = (y - 0.4, 0.38) if kind in COMPUTE_ROW else (y + 0.02, 0.38)
+            if kind == "launch":  # a thin strip along the top of the GPU's row
+                ybase, height = y - 0.49, 0.08
             ax.broken_barh(
                 list(zip(start, width, strict=True)),
-                (ybase, 0.38),
+                (ybase, height),
                 facecolors=KIND_COLORS.get(kind, "#999999"),
                 edgecolor="none",
             )

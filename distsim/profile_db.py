@@ -19,6 +19,10 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
                         "comm_slowdown": 0.6}]
     }
 
+Version 2 adds ``"model"``: the layer graph of a profiled torch module (``distsim profile --torch-model``) in the
+model-file format of :mod:`distsim.models.loader`, whose compute events are in ``compute``; ``distsim simulate
+--model FILE`` reads it. A profile without a model is still written as version 1, and both versions are read.
+
 ``load`` holds each rank's reference-workload time before and after profiling and the machine's load average
 (see ``distsim.machine_load``); the top-level one is the latest run's, as is ``self_check`` (the in-situ chains that
 state the profile's own bias, see ``distsim.self_check``). A compute event's optional ``launch_s`` is the host's
@@ -47,6 +51,10 @@ T = TypeVar("T")
 
 SCHEMA = "distsim-profile"
 VERSION = 1
+"""Version of a profile without a model (readable by every distsim that reads profiles)."""
+MODEL_VERSION = 2
+"""Version of a profile with a ``model`` section."""
+READABLE_VERSIONS = (VERSION, MODEL_VERSION)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 SCOPES = ("intra", "inter")
 _OPTIMIZER_KEY = re.compile(r"^optimizer/params=(\d+)/state_bytes=(\d+)$")
@@ -205,6 +213,8 @@ class ProfileDB:
     fits: tuple[AlphaBetaFit, ...] = ()
     compute_fits: tuple[ComputeFit, ...] = ()
     interference: tuple[Interference, ...] = ()
+    model: dict[str, Any] | None = None
+    """The profiled torch module's layer graph (model-file format), or None; checked when it is loaded as a model."""
 
     # ---------------------------------------------------------------------------------------------- lookups
     def interference_for(self, scope: str) -> Interference | None:
@@ -285,6 +295,7 @@ class ProfileDB:
             compute={**self.compute, **newer.compute},
             comm=tuple(comm[k] for k in sorted(comm)),
             interference=tuple(interference[k] for k in sorted(interference)),
+            model=newer.model if newer.model is not None else self.model,
         ).refit()
 
     # -------------------------------------------------------------------------------------------- (de)serialise
@@ -295,9 +306,9 @@ class ProfileDB:
                 out["samples_s"] = [round(x, 7) for x in out["samples_s"]]
             return out
 
-        return {
+        out = {
             "schema": SCHEMA,
-            "version": VERSION,
+            "version": VERSION if self.model is None else MODEL_VERSION,
             "provenance": dict(self.provenance),
             "compute": {k: clean(vars(m)) for k, m in sorted(self.compute.items())},
             "comm": [clean(vars(m)) for m in self.comm],
@@ -305,6 +316,9 @@ class ProfileDB:
             "compute_fits": [vars(f).copy() for f in self.compute_fits],
             "interference": [vars(i).copy() for i in self.interference],
         }
+        if self.model is not None:
+            out["model"] = dict(self.model)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "profile") -> ProfileDB:
@@ -313,8 +327,9 @@ class ProfileDB:
             raise ProfileError(f"{where}: expected a JSON object at the top level")
         if data.get("schema") != SCHEMA:
             raise ProfileError(f"{where}: not a distsim profile (schema is {data.get('schema')!r}, want {SCHEMA!r})")
-        if data.get("version") != VERSION:
-            raise ProfileError(f"{where}: profile schema version {data.get('version')!r}; this distsim reads {VERSION}")
+        if data.get("version") not in READABLE_VERSIONS:
+            raise ProfileError(f"{where}: profile schema version {data.get('version')!r}; this distsim reads "
+                               f"{' and '.join(map(str, READABLE_VERSIONS))}")  # fmt: skip
         raw_compute = _section(data, "compute", dict, where)
         compute = {str(k): _entry(_measurement, v, f"{where}: compute {k!r}") for k, v in raw_compute.items()}
         comm, fits, compute_fits, interference = (
@@ -323,7 +338,10 @@ class ProfileDB:
                               ("interference", _interference))
         )  # fmt: skip
         provenance = _section(data, "provenance", dict, where)
-        return cls(dict(provenance), compute, comm, fits, compute_fits, interference)
+        model = data.get("model")
+        if model is not None and not isinstance(model, dict):
+            raise ProfileError(f"{where}: model must be an object (a layer graph), got {type(model).__name__}")
+        return cls(dict(provenance), compute, comm, fits, compute_fits, interference, model)
 
 
 def _section(data: dict[str, Any], key: str, kind: type, where: str) -> Any:

@@ -227,7 +227,7 @@ def estimate_size(
 def _resolve(strategy: Strategy | Plan, options: FlowOptions, samples: int) -> tuple[FlowOptions, Strategy | Plan]:
     """Stochastic runs simulate every GPU; a uniform plan is its strategy."""
     if samples > 0:
-        options = replace(options, symmetric=False)
+        options = replace(options, symmetric=False, exact_host=True)  # sampled durations: every launch constraint
     if isinstance(strategy, Plan) and strategy.strategy is not None:
         return options, strategy.strategy
     return options, strategy
@@ -294,7 +294,7 @@ def simulate(
     if samples > 0:
         result, sampled = _stochastic(flow, samples, seed, progress)
     else:
-        result = engine.run(flow.duration_s, flow.deps)
+        result = engine.run(flow.duration_s, flow.deps, flow.releases)
     stage_samples = None
     if plan is not None:
         stage_samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
@@ -325,7 +325,7 @@ def _stochastic(
         durations = base.copy()
         for tasks, relative in draws:
             durations[tasks] *= relative[rng.integers(len(relative), size=len(tasks))]
-        run = engine.run(durations.tolist(), flow.deps)
+        run = engine.run(durations.tolist(), flow.deps, flow.releases)
         start_sum += run.start_s
         end_sum += run.end_s
         makespans.append(run.makespan_s)

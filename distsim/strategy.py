@@ -238,3 +238,8 @@ def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
     problem = model.tp_problem(strategy.tp)
     if problem:
         raise StrategyError(problem)
+    if model.micro_batch_size is not None and strategy.micro_batch_size != model.micro_batch_size:
+        raise StrategyError(
+            f"{model.name} was profiled at micro-batch size {model.micro_batch_size} (its example batch), not "
+            f"{strategy.micro_batch_size}: profile it with an example batch of {strategy.micro_batch_size}"
+        )

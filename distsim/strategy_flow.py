@@ -8,8 +8,11 @@ per pipeline rank when the replicas are symmetric), then the gradient synchronis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
+
 from distsim.cluster import Cluster
-from distsim.comm_writer import CommWriter
+from distsim.comm_writer import CommWriter, models_host
 from distsim.costs import CostSource
 from distsim.events import (
     K_TP,
@@ -108,7 +111,11 @@ def estimate_tasks(
         wfbp = strategy.grad_sync == "wfbp"
         grads = tl * (model.num_layers if wfbp else strategy.pp) * (1 + (dl * shadows if wfbp else 0))
     tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
-    return strategy.num_micro_batches * per_micro_batch + grads + tied + strategy.pp * dl * tl
+    optimizer = strategy.pp * dl * tl
+    if models_host(options, model, cluster, strategy, costs):  # a launch per action and per optimizer step
+        per_micro_batch += 2 * strategy.num_stages * dl * tl
+        optimizer *= 2
+    return strategy.num_micro_batches * per_micro_batch + grads + tied + optimizer
 
 
 class _Builder(CommWriter):
@@ -189,18 +196,31 @@ class _Builder(CommWriter):
                 frontier = [[] for _ in self.lanes_t]
             gpus = [int(grid[r, d, t]) for t in self.lanes_t]
             lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
-        n_ops = len(lanes[0][2])
+        ops0 = lanes[0][2]
+        n_ops = len(ops0)
+        hosts: list[list[int]] = []
+        if self.host:  # each GPU's host waits for its received data, then enqueues the action's kernels
+            total = launch_offsets(ops0, wfbp)[1]
+            for _d, gpus, _ops, frontier, _last in lanes:
+                hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
+                              for j, g in enumerate(gpus)])  # fmt: skip
+            ends = launch_offsets(ops0, wfbp)[0]
         for idx in range(n_ops):
-            for _d, gpus, ops, frontier, last in lanes:
+            for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
                 if op.kind == K_TP:
                     assert op.comm is not None
                     tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
                                    a.stage, a.microbatch, op.key, [x for x in last if x >= 0])  # fmt: skip
+                    for j, g in enumerate(gpus):
+                        if hosts and self._constrained(ops, idx, g, wfbp):
+                            flow.release(hosts[lane][j], tid, ends[idx])
                     last[:] = [tid] * len(gpus)
                 else:
                     for j, g in enumerate(gpus):
                         deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        if hosts and self._constrained(ops, idx, g, wfbp):
+                            flow.release(hosts[lane][j], len(flow), ends[idx])
                         last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
                                            a.stage, a.microbatch, op.key, list(deps))  # fmt: skip
             op = lanes[0][2][idx]
@@ -209,6 +229,14 @@ class _Builder(CommWriter):
                 self.grad_allreduce(r, a.stage, per_t, layer=op.layer)
         for d, gpus, _ops, _frontier, last in lanes:
             self.send(r, a, d, gpus, last)
+
+    def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, per_layer: bool) -> bool:
+        """Whether op `idx` on GPU g needs its launch constraint (:attr:`Chain.launch_constrained`, op by op): the
+        first op of its chain, or one whose launch outlasts the previous op."""
+        if self.options.exact_host or idx == 0 or (per_layer and ops[idx - 1].layer != ops[idx].layer):
+            return True
+        prev = ops[idx - 1]
+        return (prev.dur if prev.kind == K_TP else prev.dur * self.speed[g]) < ops[idx].launch
 
     def _action_on_one_gpu(self, r: int, a: Action, wfbp: bool) -> None:
         """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
@@ -221,9 +249,17 @@ class _Builder(CommWriter):
         else:
             frontier = []
         g = int(self.grid[r, d, t])
+        chains = self._chains(a.stage, d, a.op, g, wfbp)
+        host, offset = None, 0.0
+        if self.host:  # the host waits for the received data, then enqueues the action's kernels
+            host = self.launch(g, sum(c.launch_s for c, _ in chains), list(frontier), a.stage, a.microbatch,
+                               f"launch {a}")  # fmt: skip
         last = -1
-        for chain, layer in self._chains(a.stage, d, a.op, g, wfbp):
-            last = self.flow.add_chain(chain, frontier if last < 0 else [last], a.stage, a.microbatch)
+        for chain, layer in chains:
+            anchor = (host, offset) if host is not None else None
+            last = self.flow.add_chain(chain, frontier if last < 0 else [last], a.stage, a.microbatch, anchor,
+                                       self.options.exact_host)  # fmt: skip
+            offset += chain.launch_s
             if layer is not None:
                 self.grad_allreduce(r, a.stage, {t: [last]}, layer=layer)
         self.send(r, a, d, [g], [last])
@@ -273,7 +309,7 @@ class _Builder(CommWriter):
         model = self.flow.model
         if layer >= 0:
             held = self.rank_layers[r]
-            shard = model.layers[layer].shard_params(self.tp) if model.owns_params(layer, held) else 0.0
+            shard = model.stored_params(layer, held, self.tp)
             name, stage = f"grads {model.layers[layer].name}", vs_or_rank
         else:
             shard = self.rank_shard_params(r)
@@ -320,7 +356,7 @@ class _Builder(CommWriter):
             ra, rb = rank_of[model.index[layer.tied_to]], rank_of[i]
             if ra == rb:
                 continue
-            nbytes = round(layer.shard_params(self.tp) * model.precision.grad_bytes)
+            nbytes = round(layer.tied_shard_params(self.tp) * model.precision.grad_bytes)
             if nbytes <= 0:
                 continue
             pairs = self.pairs.get((ra, rb))
@@ -331,3 +367,19 @@ class _Builder(CommWriter):
                     inst = pairs[d * self.tp + t]
                     deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
                     self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)
+
+
+def launch_offsets(ops: Sequence[StageOp], per_layer: bool) -> tuple[list[float], float]:
+    """When each op's launch ends from the start of the host task that enqueues a template, and that task's
+    length: launches back to back, summed as the chains of :meth:`_Builder._chains` sum them (per layer with WFBP)."""
+    ends: list[float] = []
+    base = 0.0
+    part: list[StageOp] = []
+    for i, op in enumerate(ops):
+        part.append(op)
+        if i + 1 == len(ops) or (per_layer and ops[i + 1].layer != op.layer):
+            within = list(accumulate(o.launch for o in part))
+            ends += [base + x for x in within]
+            base += within[-1]
+            part = []
+    return ends, base

@@ -6,12 +6,20 @@ Schema (JSON, ``schema: distsim-trace``, ``version: 1``)::
       "schema": "distsim-trace", "version": 1,
       "plan": {"model": "gpt2-cpu", "cluster": "cpu-2x1", "nodes": 2, "strategy": "tp=1 pp=2 dp=1 ... partition=4:2",
                "p2p_blocking": false, "seed": 0, "iterations": 5, "warmup": 2, "emulation": {...}},
-      "provenance": {"device": ..., "backend": "gloo", "torch": ..., "date": ..., "threads_per_rank": 1, ...},
+      "provenance": {"device": ..., "backend": "gloo", "torch": ..., "date": ..., "threads_per_rank": 1,
+                     "timing": {"device_clock": "perf_counter", "host_rows": false, "anchor": null, ...}, ...},
       "losses": [[...per micro-batch loss of replica 0...], ...],
       "iterations": [{"iteration": 2, "columns": {"gpu": [...], "node": [...], "stream": [...], ...}}, ...]
     }
 
 Every iteration's times start at 0 (the earliest rank's start of that iteration); columns are the Timeline schema.
+
+``provenance.timing`` says how the times were taken (:mod:`distsim.executor.clock`): ``device_clock`` is
+``perf_counter`` (CPU: the host's span of each synchronous call) or ``cuda_event`` (GPU: CUDA events on the stream
+each event ran on, mapped onto the host's ``perf_counter`` by one ``anchor`` per iteration), ``streams`` the clock of
+each stream, and ``host_rows`` whether the host's launch spans are rows of a ``host`` stream (kind ``launch``; the
+last, ``synchronize``, ends the iteration on the host). Traces written before it have no ``timing``: their times are
+``perf_counter`` spans, which on a GPU are kernel-launch spans, not the GPU's (:attr:`Trace.timing`).
 This module is pure: reading and writing files lives in ``distsim.io``.
 """
 
@@ -31,6 +39,9 @@ from distsim.timeline import COLUMNS, Timeline
 SCHEMA = "distsim-trace"
 VERSION = 1
 PLAN_KEYS = ("model", "cluster", "nodes", "strategy", "p2p_blocking")
+HOST_TIMING: dict[str, Any] = {"device_clock": "perf_counter", "host_clock": "perf_counter", "host_rows": False,
+                               "anchor": None}  # fmt: skip
+"""``provenance.timing`` of a trace that records none (written before it existed): host-clock spans."""
 
 
 class TraceError(DistsimError):
@@ -43,6 +54,20 @@ class Trace:
     provenance: dict[str, Any] = field(default_factory=dict)
     iterations: list[pd.DataFrame] = field(default_factory=list)
     losses: list[list[float]] = field(default_factory=list)
+
+    @property
+    def timing(self) -> dict[str, Any]:
+        """How the times were taken (``provenance.timing``; for older traces, the host clock they used)."""
+        return dict(self.provenance.get("timing") or HOST_TIMING)
+
+    @property
+    def host_timed_gpu(self) -> bool:
+        """A GPU run timed by the host clock (a trace written before CUDA events were recorded): its iteration times
+        are right, its per-event times are the host's kernel-launch spans, not the GPU's."""
+        on_gpu = self.provenance.get("backend") == "nccl" or (
+            "threads_per_rank" in self.provenance and self.provenance["threads_per_rank"] is None
+        )  # the executor records no thread count on a GPU
+        return on_gpu and self.timing.get("device_clock") != "cuda_event"
 
     def timeline(self, i: int, gpus_per_node: int) -> Timeline:
         return Timeline(self.iterations[i].copy(), gpus_per_node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -70,6 +71,12 @@ def test_trace_has_the_timeline_schema_and_every_event(tmp_path: Path) -> None:
     assert len(forwards) == len(set(forwards)) == 4 * 6  # 4 micro-batches x (embedding, 2 x 2 blocks, lm_head)
     assert min(cols["start_s"]) >= 0 and all(e >= s for s, e in zip(cols["start_s"], cols["end_s"], strict=True))
     assert (tmp_path / "t.chrome.json").exists()
+    # CPU work is synchronous: no host stream; each rank's compute rows follow one another without overlapping
+    assert "host" not in set(cols["stream"]) and trace["provenance"]["timing"]["device_clock"] == "perf_counter"
+    for gpu in (0, 1):
+        spans = sorted((s, e) for g, st, k, s, e in zip(cols["gpu"], cols["stream"], cols["kind"], cols["start_s"],
+                       cols["end_s"], strict=True) if g == gpu and st == "compute" and k != "p2p")  # fmt: skip
+        assert all(e <= s2 for (_, e), (s2, _) in itertools.pairwise(spans))
 
 
 @pytest.mark.parametrize(

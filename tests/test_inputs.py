@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import Strategy, simulate
+from distsim.events import FlowOptions
 from distsim.models import Model
 from distsim.plan import Plan, StagePlan
 from distsim.simulate import SimulationTooLarge, estimate_size
@@ -351,11 +352,12 @@ def test_estimate_counts_the_tasks_of_a_stages_plan(data: st.DataObject) -> None
                 grad_sync=data.draw(st.sampled_from(["bulk", "wfbp"])))  # fmt: skip
     cluster = hand_cluster(nodes=2, gpus_per_node=8)
     costs = InterferingCosts(cluster, slowdowns=(data.draw(st.sampled_from([0.0, 0.5])), 0.1, 0.5, 0.1))
-    tasks, _ = estimate_size(model, cluster, plan, costs)
-    built = len(simulate(model, cluster, plan, costs).flow)
-    # left out when they move nothing: optimizer steps and all-reduces of layers without parameters (with their
-    # interference shadows on every replica), shadows of transfers that take no time
-    slack = sum(widths) * (2 + 2 * model.num_layers + 2 * plan.micro_batches)
+    options = FlowOptions(host=data.draw(st.booleans()))  # with the host: a launch per action and optimizer step
+    tasks, _ = estimate_size(model, cluster, plan, costs, options)
+    built = len(simulate(model, cluster, plan, costs, options).flow)
+    # left out when they move nothing: optimizer steps (and their launches) and all-reduces of layers without
+    # parameters (with their interference shadows on every replica), shadows of transfers that take no time
+    slack = sum(widths) * (3 + 2 * model.num_layers + 2 * plan.micro_batches)
     assert built <= tasks <= built + slack
 
 

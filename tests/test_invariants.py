@@ -35,6 +35,8 @@ class Scenario:
     options: FlowOptions
     interference: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """(compute, comm) slowdown of intra-node overlap, then of inter-node overlap."""
+    launch_s: float = 0.0
+    """Host seconds to enqueue each compute event (with ``options.host``)."""
 
 
 def _layer(draw: Any, i: int, tp_split: bool) -> dict[str, Any]:
@@ -92,20 +94,24 @@ def scenarios(draw: Any) -> Scenario:
         grad_sync=draw(st.sampled_from(["bulk", "wfbp"])),
         max_in_flight=draw(st.sampled_from([None, 1, 2])) if schedule == "1f1b" else None,
     )
+    host = draw(st.booleans())
     options = FlowOptions(
         p2p_blocking=draw(st.booleans()),
         rank_order=draw(st.sampled_from(["tp,dp,pp", "tp,pp,dp"])),
         link_sharing=draw(st.sampled_from(["structural", "serialize"])),
+        host=host,
+        exact_host=draw(st.booleans()),
     )
     interference = tuple(draw(st.sampled_from([0.0, 0.0, 0.3, 1.0])) for _ in range(4))
-    return Scenario(model, cluster, strategy, options, interference)  # type: ignore[arg-type]
+    launch = draw(st.sampled_from([0.0, 0.005, 0.05, 0.3])) if host else 0.0
+    return Scenario(model, cluster, strategy, options, interference, launch)  # type: ignore[arg-type]
 
 
 def _run(sc: Scenario, **changes: Any):
     cluster = changes.get("cluster", sc.cluster)
     strategy = changes.get("strategy", sc.strategy)
-    return simulate(sc.model, cluster, strategy, InterferingCosts(cluster, slowdowns=sc.interference),
-                    options=changes.get("options", sc.options))  # fmt: skip
+    costs = InterferingCosts(cluster, slowdowns=sc.interference, launch_s=changes.get("launch_s", sc.launch_s))
+    return simulate(sc.model, cluster, strategy, costs, options=changes.get("options", sc.options))
 
 
 @SETTINGS
@@ -135,7 +141,8 @@ def test_time_accounting_adds_up(sc: Scenario) -> None:
             or abs(g.compute_s + g.exposed_comm_s + g.idle_s - t) < 1e-6
         )
         assert -1e-9 <= g.exposed_comm_s <= g.comm_s + 1e-9
-    assert len(r.full_timeline().df) == r.events_total
+    rows = r.full_timeline().df
+    assert (rows["kind"].astype(str) != "launch").sum() == r.events_total  # host rows are not device events
     assert 0 <= r.bubble_fraction <= 1
 
 
@@ -201,7 +208,8 @@ def test_chains_emit_exactly_the_tasks_of_the_op_by_op_builder(sc: Scenario) -> 
     import distsim.strategy_flow as strategy_flow
     from distsim.strategy_flow import build_flow
 
-    options, costs = sc.options, InterferingCosts(sc.cluster, slowdowns=sc.interference)
+    options = sc.options
+    costs = InterferingCosts(sc.cluster, slowdowns=sc.interference, launch_s=sc.launch_s)
     chained = build_flow(sc.model, sc.cluster, sc.strategy, costs, options)
     one_gpu = strategy_flow._Builder._action_on_one_gpu
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distsim import Strategy, get_cluster, get_model, simulate
-from distsim.errors import ModelFileError, UnknownNameError
+from distsim.errors import ModelFileError, StrategyError, UnknownNameError
 from distsim.models import ZOO, model_from_dict
 from tests.util import chain_model, hand_cluster
 
@@ -111,6 +111,29 @@ def test_tied_embedding_is_stored_once_per_rank() -> None:
     assert head.tied_to == "embedding"
     assert whole.memory[0].params_bytes == m.params * 2
     assert sum(x.params_bytes for x in split.memory) == (m.params + head.params) * 2  # the last stage keeps a copy
+
+
+def test_partly_tied_layer_stores_and_all_reduces_only_the_shared_weights() -> None:
+    """A head of 50 parameters, 40 of them the embedding's (a torch module's final LayerNorm + tied LM head)."""
+    spec = [{"name": "emb", "forward_s": 1.0, "params": 100},
+            {"name": "head", "forward_s": 1.0, "params": 50, "tied_to": "emb", "tied_params": 40}]  # fmt: skip
+    m = model_from_dict({"name": "tied", "layers": spec})
+    assert m.params == 110 and m.rank_params([0, 1], 1) == 110 and m.rank_params([1], 1) == 50
+    split = simulate(m, hand_cluster(1, 2), Strategy(pp=2))
+    assert [x.params_bytes for x in split.memory] == [100 * 2, 50 * 2]
+    tied = split.timeline.df[split.timeline.df["name"].str.startswith("tied grads")]
+    assert len(tied) > 0
+    # 40 shared parameters of 2-byte gradients over a 1000 B/s link: 2 (N-1)/N x 80 B = 80 B -> 0.08 s
+    assert (tied["end_s"] - tied["start_s"]).max() == pytest.approx(0.08)
+    with pytest.raises(ModelFileError, match="tied_params"):
+        model_from_dict({"name": "bad", "layers": [spec[0], {**spec[1], "tied_params": 51}]})
+
+
+def test_a_model_profiled_at_one_micro_batch_size_refuses_another() -> None:
+    m = model_from_dict({"name": "mine", "micro_batch_size": 2, "layers": [{"name": "l", "forward_s": 1.0}]})
+    assert simulate(m, hand_cluster(1, 1), Strategy(micro_batch_size=2)).iteration_time_s == pytest.approx(3.0)
+    with pytest.raises(StrategyError, match="profiled at micro-batch size 2"):
+        simulate(m, hand_cluster(1, 1), Strategy(micro_batch_size=4))
 
 
 def test_out_of_memory_verdict() -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from distsim.cli import main
 from distsim.cluster import GPU, Cluster, Link
-from distsim.costs import AnalyticCosts
+from distsim.costs import AnalyticCosts, ComputeEvent, Cost
 from distsim.models import Model, model_from_dict
 
 # Links move 1000 bytes/s with no latency, so bytes/1000 is the transfer time; compute times are given by the model;
@@ -51,10 +51,16 @@ class InterferingCosts(AnalyticCosts):
     of intra-node overlap, then of inter-node overlap)."""
 
     slowdowns: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    launch_s: float = 0.0
+    """Host seconds to enqueue every compute event (a measured-style launch cost); 0: the analytic one."""
 
     def interference(self, scope: str) -> tuple[float, float]:
         c_intra, k_intra, c_inter, k_inter = self.slowdowns
         return (c_intra, k_intra) if scope == "intra" else (c_inter, k_inter)
+
+    def compute(self, event: ComputeEvent) -> Cost:
+        cost = super().compute(event)
+        return replace(cost, launch_s=self.launch_s) if self.launch_s else cost
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -69,6 +69,10 @@ def execute(**kw: Any) -> None:
     out = kw["out"]
     check_output(out, "--out", stream_ok=False)
     model, cluster = load_model_and_cluster(kw)
+    if any(b.op.startswith("torch:") for layer in model.layers for b in layer.blocks):
+        raise DistsimError(f"{kw['model_name']} is the layer graph of your own torch module; distsim execute runs "
+                           "distsim's blocks, so time the module's own training loop instead "
+                           "(benchmarks/torch_model_step.py does, in one process)")  # fmt: skip
     overrides, _ = strategy_overrides(kw)
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
     check_strategy(strategy, model, cluster)

@@ -23,6 +23,9 @@ from distsim.output import check_output
 
 @cli.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", "-m", "model_name", metavar="NAME|FILE", help="Zoo model spec or model file.")
+@click.option("--torch-model", metavar="MODULE:FUNCTION", help="Your own torch module instead: FUNCTION() returns "
+              "(nn.Module, example micro-batch); its repeated blocks are found and timed, and --out gets its layer "
+              "graph for `distsim simulate --model OUT`. MODULE may be path/to/file.py.")  # fmt: skip
 @click.option("--cluster", "-c", "cluster_name", metavar="NAME|FILE",
               help="The cluster the strategies are for (decides group sizes and intra/inter scopes).")  # fmt: skip
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
@@ -78,6 +81,9 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     On one machine, emulating two nodes joined by a 1 Gbit/s link (root for --link-bandwidth):
       distsim profile --model gpt2-345m:seq=128,precision=fp32 --cluster cpu-2x1 --strategy 1M2P1D \\
           --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit --out cpu.json
+    Your own torch module (a function returning it and an example batch), then its prediction:
+      distsim profile --torch-model train.py:make --out mine.json
+      distsim simulate --model mine.json --cluster cpu-1x2 --strategy 1M2P1D --micro-batches 4
     Each rank times a fixed reference workload before and after, and warns when the machine was busy or its speed
     moved (the readings are kept in the profile). On GPUs each compute event is timed with the GPU kept fed and L2
     swept, and the host's launch time of the block is recorded too. A self-check then times a short chain of each
@@ -85,6 +91,11 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
     """
     if ctx.invoked_subcommand is not None:
+        return
+    if kw["torch_model"]:
+        from distsim.cli.profile_torch import profile_torch_model
+
+        profile_torch_model(kw)
         return
 
     from distsim.costs import AnalyticCosts
@@ -137,22 +148,9 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     if existing is not None:
         click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "
                    "--overwrite replaces it)", err=True)  # fmt: skip
-    torch = need_torch("profile")
+    need_torch("profile")
     if existing is not None:
-        from distsim.profiler.compute import local_device_name
-        from distsim.profiler.worker import usable_cores
-
-        world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
-        local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        cuda = torch.cuda.is_available()
-        planned = {
-            "device": local_device_name(),
-            "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
-            "backend": ("nccl" if cuda else "gloo") if world > 1 and not kw["no_comm"] else "none",
-        }
-        problem = existing.incompatibility(planned)
-        if problem:
-            raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
+        check_extension(existing, out, emulation, kw["no_comm"])
 
     cfg = ProfileConfig(
         model=portable(kw["model_name"]),
@@ -177,6 +175,26 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")
     db = load_profile(out)
     click.echo(_profile_cost_report(found, db), err=True)
+
+
+def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> None:
+    """Refuse to extend a profile measured on another device, thread count or backend than this run would use."""
+    import torch
+
+    from distsim.profiler.compute import local_device_name
+    from distsim.profiler.worker import usable_cores
+
+    world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
+    local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cuda = torch.cuda.is_available()
+    planned = {
+        "device": local_device_name(),
+        "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
+        "backend": ("nccl" if cuda else "gloo") if world > 1 and not no_comm else "none",
+    }
+    problem = existing.incompatibility(planned)
+    if problem:
+        raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
 
 
 def _profile_cost_report(found: Any, db: Any) -> str:
@@ -220,6 +238,10 @@ def profile_show(path: str, as_json: bool) -> None:
                 click.echo(f"      {line}")
             for message in run["load"].get("warnings", []):
                 click.echo(f"    warning: {message}")
+    if db.model is not None:
+        m = db.model
+        click.echo(f"model: {m.get('name', '?')}, {len(m.get('layers', []))} layers ({m.get('description', '')}), "
+                   f"micro-batch size {m.get('micro_batch_size', '?')}: simulate --model {path}")  # fmt: skip
     ops: dict[str, int] = {}
     for key in db.compute:
         op = key.split("[", 1)[0].split("/", 1)[0]

@@ -65,10 +65,17 @@ def grid(**kw: Any) -> None:
     check_directory(kw["trace_dir"], "--trace-best")
     model, cluster, gpus = model_and_gpus(kw)
     cluster = cluster_for(cluster, gpus)
+    sizes = tuple(opt_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes") or (1,))
+    if model.micro_batch_size is not None:  # a profiled torch module: its example batch is the micro-batch
+        from distsim.io import is_model_profile
+
+        sizes = (model.micro_batch_size,) if sizes == (1,) else sizes
+        if not kw["profile_path"] and is_model_profile(kw["model_name"]):
+            kw["profile_path"] = kw["model_name"]
     spec = GridSpec(
         gpus=gpus,
         global_batch=kw["global_batch"],
-        micro_batch_sizes=opt_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes") or (1,),
+        micro_batch_sizes=sizes,
         schedules=parse_schedules(kw["schedules"]),
         tp_degrees=opt_int_list(kw["tp_text"], "--tp"),
         pp_degrees=opt_int_list(kw["pp_text"], "--pp"),

@@ -111,6 +111,16 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 )
 @click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
 @click.option(
+    "--host",
+    "host_mode",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Model each GPU's host enqueuing its kernels (a kernel starts no earlier than its launch; the host waits "
+    "for received data and for the gradients before the optimizer step). auto: when kernels cost host time to "
+    "launch (GPU clusters, or a profile that measured launches).",
+)
+@click.option(
     "--straggler",
     multiple=True,
     metavar="GPU=FACTOR",
@@ -186,7 +196,13 @@ def simulate(**kw: Any) -> None:
     model, cluster = load_model_and_cluster(kw)
     if kw["straggler"]:
         cluster = cluster.with_slowdown(parse_stragglers(kw["straggler"]))
+    from distsim.io import is_model_profile
+
+    if not kw["profile_path"] and is_model_profile(kw["model_name"]):
+        kw["profile_path"] = kw["model_name"]  # a torch module's profile: its measured events go with its graph
     overrides, given = strategy_overrides(kw)
+    if model.micro_batch_size is not None and plan is None:
+        overrides.setdefault("micro_batch_size", model.micro_batch_size)  # the profiled example batch
     if plan is not None and given:
         raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
     target = plan if plan is not None else Strategy.from_str(kw["strategy_text"], **overrides)
@@ -197,6 +213,7 @@ def simulate(**kw: Any) -> None:
         symmetric=False if kw["full"] else None,
         rank_order=kw["rank_order"],
         link_sharing=kw["link_sharing"],
+        host={"auto": None, "on": True, "off": False}[kw["host_mode"]],
     )
     try:
         progress = _announce(estimate_size(model, cluster, target, costs, options, kw["samples"]), kw["max_tasks"])
@@ -224,7 +241,8 @@ def simulate(**kw: Any) -> None:
     click.echo(_summary(result), err=report)
     if provenance is not None:
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
-        click.echo(f"profile: {kw['profile_path']} ({what or 'no provenance recorded'})", err=report)
+        also = " (also the model's layer graph)" if kw["profile_path"] == kw["model_name"] else ""
+        click.echo(f"profile: {kw['profile_path']}{also} ({what or 'no provenance recorded'})", err=report)
         click.echo(_load_note(provenance), nl=False, err=report)
     if kw["show_schedule"]:
         from distsim.schedules import format_grid

@@ -121,7 +121,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
             write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
         if as_json:
-            click.echo(json.dumps({"trace": trace_path, **val.to_dict(), "profile_load_warnings": load_warnings},
+            click.echo(json.dumps({"trace": trace_path, **val.to_dict(), "profile_load_warnings": load_warnings,
+                                   "timing": trace.timing, "host_timed_gpu": trace.host_timed_gpu},
                                   indent=2))  # fmt: skip
             return
         lines = [
@@ -139,6 +140,10 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
             f"{len(val.per_stage)} (stage, F/B, micro-batch) actions",
         ]
+        if trace.host_timed_gpu:
+            lines += ["  note: a GPU trace timed by the host clock (written before the executor recorded CUDA events):",
+                      "        its iteration times are right, its per-event times are kernel-launch spans, so the "
+                      "per-GPU and per-stage errors are not the GPU's"]  # fmt: skip
         if load_warnings:
             lines.append("  the profile was measured under load; its warnings (distsim profile show):")
         lines += [f"    {message}" for message in load_warnings]

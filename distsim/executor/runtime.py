@@ -12,14 +12,17 @@ produced it runs backward. This mirrors the simulator's event flow:
 * after the last action: the bulk gradient all-reduce, the all-reduce of tied embedding copies between the first and
   last stage, and the optimizer step.
 
-Times come from ``time.perf_counter`` (CLOCK_MONOTONIC, shared by the processes of one machine).
+Times come from the rank's clock (:mod:`distsim.executor.clock`): ``time.perf_counter`` (CLOCK_MONOTONIC, shared by
+the processes of one machine) around each call on a CPU; on a GPU, CUDA events on the stream each block and each
+collective runs on, resolved after the iteration's final synchronisation and mapped onto ``perf_counter`` by one
+anchor per iteration, with the host's launch spans kept as a ``host`` stream. The host never waits for the device
+within an iteration: the training data is on the device before it starts and the losses are read after it ends.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from distsim.executor import data
+from distsim.executor.clock import Clock, HostClock, Mark, clock_for
 from distsim.executor.model import build_modules, unique_parameters
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
@@ -38,56 +42,141 @@ from distsim.strategy import Strategy
 
 Row = tuple[str, str, str, int, int, int, float, float]
 """(stream, kind, name, layer, stage, microbatch, start, end) of one event on this rank."""
+Meta = tuple[str, str, str, int, int, int]
+"""(stream, kind, name, layer, stage, microbatch) of an event whose times are still marks."""
+
+
+Piece = tuple[str, str, float, float]
+"""(stream, kind, start, end) of a part of a block."""
+
+
+def split_block(kind: str, start: float, end: float, comms: list[tuple[float, float]]) -> list[Piece]:
+    """(stream, kind, start, end) rows of one block that ran from `start` to `end`: its compute before, between and
+    after the tensor-parallel all-reduces it ran (`comms`, in order), and those all-reduces on the ``tp`` stream."""
+    out: list[Piece] = []
+    cursor = start
+    for c_start, c_end in comms:
+        if c_start > cursor:
+            out.append(("compute", kind, cursor, c_start))
+        out.append(("tp", "tp_allreduce", c_start, c_end))
+        cursor = max(cursor, c_end)
+    if end > cursor or not comms:
+        out.append(("compute", kind, cursor, end))
+    return out
 
 
 @dataclass
 class Recorder:
-    """Collects this rank's events; tp collectives inside a block are split out of the block's compute."""
+    """Collects this rank's events; tp collectives inside a block are split out of the block's compute.
 
+    During an iteration an event's times are marks of the rank's clock (see :mod:`distsim.executor.clock`); the
+    iteration's :meth:`finish` resolves them into ``rows`` (host-clock seconds). Where the clock's device spans differ
+    from the host's (CUDA), the host's span of every call that launches work is a row on the ``host`` stream, kind
+    ``launch``, with the event's name, and the host's wait for the device at the end is a row named ``synchronize``.
+    """
+
+    clock: Clock = field(default_factory=HostClock)
     iteration: int = 0
     rows: list[tuple[int, Row]] = field(default_factory=list)
     p2p_sends: list[tuple[int, tuple[Any, ...], Row]] = field(default_factory=list)
     p2p_recvs: list[tuple[int, tuple[Any, ...], float]] = field(default_factory=list)
     iteration_starts: dict[int, float] = field(default_factory=dict)
-    _comm: list[tuple[float, float]] | None = None
+    _events: list[tuple[Meta, Mark, Mark, list[tuple[Mark, Mark]] | None]] = field(default_factory=list)
+    _sends: list[tuple[tuple[Any, ...], Meta, Mark, Mark]] = field(default_factory=list)
+    _recvs: list[tuple[tuple[Any, ...], Mark]] = field(default_factory=list)
+    _comm: list[tuple[Mark, Mark]] | None = None
 
-    def add(self, row: Row) -> None:
-        self.rows.append((self.iteration, row))
+    def __getstate__(self) -> dict[str, Any]:
+        """What rank 0 gathers: the resolved rows (a clock holds CUDA events and streams)."""
+        return {k: v for k, v in self.__dict__.items() if k in ("iteration", "rows", "p2p_sends", "p2p_recvs",
+                                                                "iteration_starts")}  # fmt: skip
+
+    def begin(self, iteration: int) -> None:
+        self.iteration = iteration
+        self._events, self._sends, self._recvs, self._comm = [], [], [], None
+        self.iteration_starts[iteration] = self.clock.begin()
+
+    def add(self, meta: Meta, start: Mark, end: Mark, host: tuple[float, float] | None = None) -> None:
+        """An event between two marks, and the host's span launching it."""
+        self._events.append((meta, start, end, None))
+        if host is not None:
+            self.launched(meta, *host)
+
+    def launched(self, meta: Meta, start: float, end: float) -> None:
+        """The host's span (perf_counter) of the call that launched an event (a ``host`` row where it differs)."""
+        if self.clock.host_rows:
+            _stream, _kind, name, layer, stage, mb = meta
+            self.rows.append((self.iteration, ("host", "launch", name, layer, stage, mb, start, end)))
 
     @contextmanager
-    def block(self, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
-        self._comm = []
-        start = time.perf_counter()
+    def span(self, stream: str, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
+        """An event on the current stream: whatever the body enqueues there."""
+        host = self.clock.now()
+        start = self.clock.mark()
         try:
             yield
         finally:
-            end = time.perf_counter()
-            comm, self._comm = self._comm, None
-            cursor = start
-            for c_start, c_end in comm:  # compute before, between and after the collectives
-                if c_start > cursor:
-                    self.add(("compute", kind, name, layer, stage, mb, cursor, c_start))
-                self.add(("tp", "tp_allreduce", name, layer, stage, mb, c_start, c_end))
-                cursor = max(cursor, c_end)
-            if end > cursor or not comm:
-                self.add(("compute", kind, name, layer, stage, mb, cursor, end))
+            self.add((stream, kind, name, layer, stage, mb), start, self.clock.mark(), (host, self.clock.now()))
 
-    def collective(self, start: float, end: float) -> None:
+    @contextmanager
+    def block(self, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
+        """A block's forward or backward; the tp all-reduces it runs are split out at :meth:`finish`."""
+        self._comm = []
+        host = self.clock.now()
+        start = self.clock.mark()
+        try:
+            yield
+        finally:
+            end = self.clock.mark()
+            meta: Meta = ("compute", kind, name, layer, stage, mb)
+            self._events.append((meta, start, end, self._comm))
+            self._comm = None
+            self.launched(meta, host, self.clock.now())
+
+    def collective(self, start: Mark, end: Mark) -> None:
         if self._comm is not None:
             self._comm.append((start, end))
 
+    def send(self, key: tuple[Any, ...], meta: Meta, start: Mark, end: Mark, host: tuple[float, float]) -> None:
+        """A p2p send; its row ends when the receiver has the data (:func:`distsim.executor.worker._assemble`)."""
+        self._sends.append((key, meta, start, end))
+        self.launched(meta, *host)
+
+    def received(self, key: tuple[Any, ...], mark: Mark) -> None:
+        self._recvs.append((key, mark))
+
+    def finish(self, stage: int) -> float:
+        """End the iteration: wait for the device, resolve every mark; the host time the iteration ends at."""
+        waiting = self.clock.now()
+        end, t = self.clock.finish()
+        it = self.iteration
+        if self.clock.host_rows:
+            self.rows.append((it, ("host", "launch", "synchronize", -1, stage, -1, waiting, end)))
+        for (stream, kind, name, layer, stg, mb), start, stop, comms in self._events:
+            if comms is None:
+                self.rows.append((it, (stream, kind, name, layer, stg, mb, t[start], t[stop])))
+                continue
+            for s, k, a, b in split_block(kind, t[start], t[stop], [(t[x], t[y]) for x, y in comms]):
+                self.rows.append((it, (s, k, name, layer, stg, mb, a, b)))
+        for key, (stream, kind, name, layer, stg, mb), start, stop in self._sends:
+            self.p2p_sends.append((it, key, (stream, kind, name, layer, stg, mb, t[start], t[stop])))
+        self.p2p_recvs += [(it, key, t[mark]) for key, mark in self._recvs]
+        self._events, self._sends, self._recvs = [], [], []
+        return end
+
 
 class RecordingComm(ProcessGroupComm):
-    """Tensor-parallel all-reduces over a process group, timed into the recorder."""
+    """Tensor-parallel all-reduces over a process group, timed into the recorder (marks on the current stream,
+    which a synchronous NCCL collective makes wait for it)."""
 
     def __init__(self, group: Any, recorder: Recorder) -> None:
         super().__init__(group)
         self.recorder = recorder
 
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum") -> Tensor:
-        start = time.perf_counter()
+        start = self.recorder.clock.mark()
         out = super().all_reduce(tensor, op)
-        self.recorder.collective(start, time.perf_counter())
+        self.recorder.collective(start, self.recorder.clock.mark())
         return out
 
 
@@ -126,7 +215,8 @@ class Runtime:
         self.grid = placement.grid
         self.pipe_rank, self.replica, self.tp_rank = placement.coords[rank]
         self.groups = groups
-        self.recorder = Recorder()
+        self.clock = clock_for(device)
+        self.recorder = Recorder(self.clock)
         comm = RecordingComm(groups.get("tp"), self.recorder) if self.tp > 1 else TPComm.local()
         self.layers = rank_layers(stage_ranges, self.pp, self.pipe_rank)
         self.modules = build_modules(model, self.layers, self.tp, self.tp_rank, comm, dtype, device, seed)
@@ -135,6 +225,9 @@ class Runtime:
         self.actions = schedule.ranks[self.pipe_rank]
         self.last_b = {a.stage: a.microbatch for a in self.actions if a.op == "B"}
         self.signature = {k: [t.is_floating_point() for t in m.example_inputs(1)] for k, m in self.modules.items()}
+        self.data_blocks = self._data_blocks()
+        self.data: dict[tuple[int, int, int], list[Tensor]] = {}
+        self.loss_values: list[Tensor] = []
         self.live = _live_layers(model)
         self.shapes: dict[tuple[Any, ...], list[tuple[tuple[int, ...], torch.dtype]]] = {}
         self.sent_shapes: set[tuple[Any, ...]] = set()
@@ -173,8 +266,39 @@ class Runtime:
             slices[li] = slice(start, offset)
         return buffer, slices
 
+    def _sources(self, li: int) -> tuple[str, ...]:
+        layer = self.model.layers[li]
+        return layer.inputs if layer.inputs is not None else ((self.model.layers[li - 1].name,) if li else ())
+
+    def _data_blocks(self) -> set[tuple[int, int]]:
+        """(layer, block) of this rank's blocks that read training data: token ids, targets, or the input (a source
+        layer's first block)."""
+        return {(li, bi) for (li, bi) in self.modules if (not self._sources(li) and bi == 0)
+                or not all(self.signature[(li, bi)])}  # fmt: skip
+
+    def _prefetch(self, iteration: int) -> None:
+        """The iteration's training data, on the device before the iteration starts (as a data loader's prefetch):
+        the simulator models no data loading, and on a GPU a pageable host-to-device copy would make the host wait
+        for the device inside the iteration."""
+        self.data = {}
+        for a in self.actions:
+            if a.op != "F":
+                continue
+            start, end = self.stage_ranges[a.stage]
+            samples = self._samples(a.microbatch)
+            for li in range(start, end):
+                for bi, block in enumerate(self.model.layers[li].blocks):
+                    if (li, bi) in self.data_blocks:
+                        self.data[(li, bi, a.microbatch)] = data.batch(block, self.seed, iteration, li, bi, samples,
+                                                                       self.dtype, self.device)  # fmt: skip
+
     def _peer(self, vs: int) -> int:
         return int(self.grid[vs % self.pp, self.replica, self.tp_rank])
+
+    def _p2p_group(self, src: int, dst: int, phase: str) -> Any:
+        """The group of this direction's transfers (activations forward, gradients backward), or None: the default
+        group (one process, or a runtime built without the executor's groups)."""
+        return self.groups.get("p2p", {}).get((src, dst, phase))
 
     def _samples(self, mb: int) -> range:
         mbs, m = self.strategy.micro_batch_size, self.strategy.num_micro_batches
@@ -187,21 +311,29 @@ class Runtime:
         key = (src_vs, vs, phase, mb, self.replica, self.tp_rank)
         first = (src_vs, vs, phase) not in self.sent_shapes  # the first transfer tells the receiver the shapes
         self.sent_shapes.add((src_vs, vs, phase))
-        start = time.perf_counter()
-        for t in tensors:
-            t = t.detach().contiguous()
-            if first:
-                header = torch.tensor([t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.int64)
-                dist.send(torch.tensor([header.numel()], dtype=torch.int64), dst)
-                dist.send(header, dst)
-            if self.p2p_blocking:
-                dist.send(t, dst)
-            else:
-                self.pending.append((dist.isend(t, dst), t))
         stream = "compute" if self.p2p_blocking else "p2p"
         what = "act" if phase == "F" else "grad"
-        row: Row = (stream, "p2p", f"{what} {src_vs}->{vs}", -1, src_vs, mb, start, time.perf_counter())
-        self.recorder.p2p_sends.append((self.recorder.iteration, key, row))
+        host = self.clock.now()
+        # a blocking send runs on the current stream; a non-blocking one from a side stream per peer (see clock.py)
+        with nullcontext() if self.p2p_blocking else self.clock.side(f"p2p:{dst}"):
+            start = self.clock.mark()
+            works = []
+            group = self._p2p_group(self.rank, dst, phase)
+            for t in tensors:
+                t = t.detach().contiguous()
+                if first:  # on the rank's device: NCCL sends device tensors only
+                    header = torch.tensor([t.dim(), *t.shape, _DTYPES.index(t.dtype)], dtype=torch.int64,
+                                          device=self.device)  # fmt: skip
+                    dist.send(torch.tensor([header.numel()], dtype=torch.int64, device=self.device), dst, group)
+                    dist.send(header, dst, group)
+                if self.p2p_blocking:
+                    dist.send(t, dst, group)
+                else:
+                    works.append(dist.isend(t, dst, group))
+                    self.pending.append((works[-1], t))
+            end = self.clock.mark() if self.p2p_blocking else self.clock.enqueued(works)
+        meta: Meta = (stream, "p2p", f"{what} {src_vs}->{vs}", -1, src_vs, mb)
+        self.recorder.send(key, meta, start, end, (host, self.clock.now()))
 
     def _recv(self, n: int, vs: int, phase: str, dst_vs: int, mb: int, iteration: int) -> list[Tensor]:
         src = self._peer(vs)
@@ -209,21 +341,21 @@ class Runtime:
         shape_key = (vs, dst_vs, phase)
         out = []
         first = shape_key not in self.shapes
+        group = self._p2p_group(src, self.rank, phase)
         for i in range(n):
-            if first:
-                head_len = torch.zeros(1, dtype=torch.int64)
-                dist.recv(head_len, src)
-                header = torch.zeros(int(head_len.item()), dtype=torch.int64)
-                dist.recv(header, src)
-                ndim = int(header[0])
-                self.shapes.setdefault(shape_key, []).append(
-                    (tuple(int(x) for x in header[1 : 1 + ndim]), _DTYPES[int(header[1 + ndim])])
-                )
+            if first:  # the first iteration's transfer (a warm-up one): waiting for the header is fine
+                head_len = torch.zeros(1, dtype=torch.int64, device=self.device)
+                dist.recv(head_len, src, group)
+                header = torch.zeros(int(head_len.item()), dtype=torch.int64, device=self.device)
+                dist.recv(header, src, group)
+                values = header.tolist()
+                ndim = values[0]
+                self.shapes.setdefault(shape_key, []).append((tuple(values[1 : 1 + ndim]), _DTYPES[values[1 + ndim]]))
             shape, dtype = self.shapes[shape_key][i]
             t = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.recv(t, src)
+            dist.recv(t, src, group)
             out.append(t)
-        self.recorder.p2p_recvs.append((self.recorder.iteration, key, time.perf_counter()))
+        self.recorder.received(key, self.clock.mark())  # the current stream has the data (it waited for the recv)
         return out
 
     # ----------------------------------------------------------------------------------------------- actions
@@ -237,19 +369,16 @@ class Runtime:
                 leaf = t.requires_grad_(t.is_floating_point())
                 st.env[li] = leaf
                 st.received.append(leaf)
-        samples = self._samples(mb)
         for li in range(start, end):
             layer = self.model.layers[li]
-            sources = layer.inputs if layer.inputs is not None else ((self.model.layers[li - 1].name,) if li else ())
+            sources = self._sources(li)
             acts = [st.env[self.model.index[s]] for s in sources]
             x: Tensor | None = None
             for bi, block in enumerate(layer.blocks):
                 module = self.modules[(li, bi)]
                 floats = self.signature[(li, bi)]
                 reads_data = not sources and bi == 0  # a source layer's first block reads the batch itself
-                feed: list[Tensor] = []
-                if reads_data or not all(floats):  # token ids, targets, or the input
-                    feed = data.batch(block, self.seed, iteration, li, bi, samples, self.dtype, self.device)
+                feed = self.data.pop((li, bi, mb)) if (li, bi) in self.data_blocks else []
                 if reads_data:
                     args = feed
                 else:  # activations from the layer's inputs (or the previous block), ids/targets from the data
@@ -261,7 +390,7 @@ class Runtime:
                     out = module(*args)
                 if block.op == "lm_head":
                     st.segments.append(_Segment(li, bi, name, out, None))
-                    self.losses.append(float(out.detach()))
+                    self.loss_values.append(out.detach())  # read after the iteration: no host wait here
                     x = None
                 else:
                     leaf = out.detach().requires_grad_()
@@ -302,50 +431,56 @@ class Runtime:
         part = self.layer_slices.get(li)
         if part is None or part.stop == part.start:
             return
-        start = time.perf_counter()
-        work = dist.all_reduce(self.grad_buffer[part], group=self.groups["dp"], async_op=True)
-        row_base = ("dp", "dp_allreduce", f"grads {self.model.layers[li].name}", li, vs, -1, start)
-        slot: dict[str, float] = {}
-        work.get_future().then(lambda _f: slot.setdefault("end", time.perf_counter()))
-        self._syncs.append((work, row_base, slot))
+        meta: Meta = ("dp", "dp_allreduce", f"grads {self.model.layers[li].name}", li, vs, -1)
+        host = self.clock.now()
+        with self.clock.side("dp"):  # overlapped with the rest of backward (see clock.py)
+            start = self.clock.mark()
+            work = dist.all_reduce(self.grad_buffer[part], group=self.groups["dp"], async_op=True)
+            end = self.clock.completion(work)
+        self.recorder.launched(meta, host, self.clock.now())
+        self._syncs.append((work, meta, start, end))
 
     def _finish_grads(self) -> None:
-        for work, row_base, slot in self._syncs:
-            work.wait()
-            self.recorder.add((*row_base, slot.get("end", time.perf_counter())))  # type: ignore[arg-type]
+        for work, meta, start, end in self._syncs:
+            self.clock.wait(work, end)
+            self.recorder.add(meta, start, end)
         self._syncs = []
         if self.dp > 1 and self.strategy.grad_sync == "bulk":
-            start = time.perf_counter()
-            dist.all_reduce(self.grad_buffer, group=self.groups["dp"])
-            self.recorder.add(("dp", "dp_allreduce", f"grads rank {self.pipe_rank}", -1, self.pipe_rank, -1, start,
-                               time.perf_counter()))  # fmt: skip
+            with self.recorder.span("dp", "dp_allreduce", f"grads rank {self.pipe_rank}", -1, self.pipe_rank, -1):
+                dist.all_reduce(self.grad_buffer, group=self.groups["dp"])
         if "tied" in self.groups:
             li, param, name = self.groups["tied_param"]
-            start = time.perf_counter()
-            dist.all_reduce(param.grad, group=self.groups["tied"])
-            self.recorder.add(("dp", "dp_allreduce", name, li, self.pipe_rank, -1, start, time.perf_counter()))
+            with self.recorder.span("dp", "dp_allreduce", name, li, self.pipe_rank, -1):
+                dist.all_reduce(param.grad, group=self.groups["tied"])
 
     # ------------------------------------------------------------------------------------------------ iteration
     def run_iteration(
         self, iteration: int, barrier: Callable[[], None], before_step: Callable[[], None] | None = None
     ) -> None:
-        self.recorder.iteration = iteration
+        """One training step; no host synchronisation with the device between its start and its end."""
         self._syncs: list[Any] = []
+        self._prefetch(iteration)
         barrier()
-        self.recorder.iteration_starts[iteration] = time.perf_counter()
+        self.recorder.begin(iteration)
         state: dict[tuple[int, int], _MicroBatch] = {}
         for a in self.actions:
             (self.forward if a.op == "F" else self.backward)(a.stage, a.microbatch, iteration, state)
         self._finish_grads()
-        if before_step is not None:
+        if before_step is not None:  # a correctness check (iteration 0 of a test run): reads losses and gradients
+            self._read_losses()
             before_step()
-        start = time.perf_counter()
-        self.optimizer.step()
-        self.recorder.add(("compute", "optimizer", "optimizer step", -1, self.pipe_rank, -1, start,
-                           time.perf_counter()))  # fmt: skip
+        with self.recorder.span("compute", "optimizer", "optimizer step", -1, self.pipe_rank, -1):
+            self.optimizer.step()
         for work, _t in self.pending:
             work.wait()
+        self.recorder.finish(self.pipe_rank)
         self.pending = []
+        self._read_losses()
+
+    def _read_losses(self) -> None:
+        if self.loss_values:
+            self.losses += torch.stack(self.loss_values).float().tolist()
+            self.loss_values = []
 
     def zero_grad(self) -> None:
         self.grad_buffer.zero_()

@@ -1,9 +1,10 @@
 """One executor rank: the same code under torchrun on real nodes and under `distsim execute --emulate-nodes`.
 
-Every rank builds its part of the plan, trains ``warmup + iterations`` steps on synthetic data and records its events;
-rank 0 gathers them once every rank has finished, aligns the clocks (one machine shares CLOCK_MONOTONIC; ranks on other
-hosts are offset by a ping-pong estimate against rank 0), and writes the trace (plus a Chrome trace of the median
-iteration). Nothing is written if any rank fails.
+Every rank builds its part of the plan, trains ``warmup + iterations`` steps on synthetic data and records its events
+(on a GPU from CUDA events, mapped onto the host clock per iteration: :mod:`distsim.executor.clock`); rank 0 gathers
+them once every rank has finished, aligns the clocks (one machine shares CLOCK_MONOTONIC; ranks on other hosts are
+offset by a ping-pong estimate against rank 0), and writes the trace (plus a Chrome trace of the median iteration).
+Nothing is written if any rank fails.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def run(cfg: ExecuteConfig) -> None:
                       cfg.p2p_blocking, cfg.lr)  # fmt: skip
     if "tied_layers" in groups:
         runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
-    offsets = _clock_offsets(rank, world) if world > 1 else {0: 0.0}
+    offsets = _clock_offsets(rank, world, device) if world > 1 else {0: 0.0}
     total = cfg.warmup + cfg.iterations
     for it in range(total):
         inject_fault(rank, str(it), _log)  # DISTSIM_FAULT=rank=R,at=ITERATION,mode=die|hang
@@ -115,7 +116,7 @@ def run(cfg: ExecuteConfig) -> None:
             "torch": torch.__version__, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "host": socket.gethostname(), "platform": platform.platform(),
             "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
-            "clock_offsets_s": {str(k): v for k, v in offsets.items()},
+            "clock_offsets_s": {str(k): v for k, v in offsets.items()}, "timing": runtime.clock.describe(),
         }  # fmt: skip
         plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
                 "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
@@ -154,6 +155,18 @@ def _groups(model: Any, strategy: Any, placement: Any, stage_ranges: Any, rank: 
             group = dist.new_group(members)
             if rank in members:
                 out["dp"] = group
+    # one group per direction between pipeline neighbours: on NCCL the sends and receives of one communicator run
+    # in order on one stream, so activations one way and gradients the other way (1F1B: rank 0 sends act k+1
+    # before it receives grad k, rank 1 sends grad k before it receives act k+1) could wait on each other
+    for p in range(pp if pp > 1 else 0):
+        q = (p + 1) % pp  # activations go p -> q (q = 0: the next chunk of an interleaved schedule), gradients back
+        for phase, (src, dst) in (("F", (p, q)), ("B", (q, p))):
+            for d in range(dp):
+                for t in range(tp):
+                    a, b = int(grid[src, d, t]), int(grid[dst, d, t])
+                    group = dist.new_group(sorted({a, b}))
+                    if rank in (a, b):
+                        out.setdefault("p2p", {})[(a, b, phase)] = group
     rank_of = {li: r for r in range(pp) for li in rank_layers(stage_ranges, pp, r)}
     for li, layer in enumerate(model.layers):
         if layer.tied_to is None:
@@ -180,7 +193,7 @@ def _tied_param(runtime: Any, tied: tuple[int, int, str]) -> tuple[int, Any, str
     return li, vocab_weight(runtime.modules[(own, 0)]), name
 
 
-def _clock_offsets(rank: int, world: int) -> dict[int, float]:
+def _clock_offsets(rank: int, world: int, device: Any) -> dict[int, float]:
     """Seconds to subtract from each rank's clock to read rank 0's: 0 on rank 0's host, else a ping-pong estimate."""
     import torch
     import torch.distributed as dist
@@ -192,7 +205,7 @@ def _clock_offsets(rank: int, world: int) -> dict[int, float]:
         if hosts[r] == hosts[0]:
             continue
         best = (float("inf"), 0.0)
-        buf = torch.zeros(1, dtype=torch.float64)
+        buf = torch.zeros(1, dtype=torch.float64, device=device)  # NCCL sends device tensors only
         for _ in range(10):
             if rank == 0:
                 t0 = time.perf_counter()
@@ -228,9 +241,9 @@ def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total
             for row_it, (stream, kind, name, layer, stage, mb, start, end) in rec.rows:
                 if row_it == it:
                     rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end - shift))
-            for row_it, key, (stream, kind, name, layer, stage, mb, start, _end) in rec.p2p_sends:
-                if row_it == it:  # a transfer ends when its receiver has it
-                    end = max(start - shift, recv_end.get((it, *key), start - offsets[rank]) - origin)
+            for row_it, key, (stream, kind, name, layer, stage, mb, start, end) in rec.p2p_sends:
+                if row_it == it:  # a transfer ends when its receiver has it (and not before the sender is done)
+                    end = max(end - shift, recv_end.get((it, *key), end - offsets[rank]) - origin)
                     rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end))
         df = pd.DataFrame(rows, columns=["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s",
                                          "end_s"])  # fmt: skip

@@ -124,16 +124,35 @@ class Layer:
     tied_to: str | None = None
     """Layer whose weights this one shares (an LM head tied to the embedding): stored once when both are on the
     same pipeline rank; a rank holding only this layer keeps its own copy (as Megatron-LM's last stage does)."""
+    tied_params: int | None = None
+    """Of ``params``, those shared with ``tied_to``; None: all of them (an LM head whose only weights are the
+    embedding's). A torch module's final LayerNorm and tied LM head form one layer with some of its own."""
 
     def __post_init__(self) -> None:
         for name in ("out_bytes", "saved_bytes", "saved_sharded_bytes"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ModelFileError(f"layer {self.name!r}: {name} must be a finite number >= 0, got {value!r}")
+        if self.tied_params is not None and not 0 <= self.tied_params <= self.params:
+            raise ModelFileError(f"layer {self.name!r}: tied_params must be between 0 and the layer's params")
 
     @property
     def params(self) -> int:
         return sum(b.params for b in self.blocks)
+
+    @property
+    def shared_params(self) -> int:
+        """Parameters this layer shares with the layer it is tied to (0 when it is not tied)."""
+        if self.tied_to is None:
+            return 0
+        return self.params if self.tied_params is None else self.tied_params
+
+    def tied_shard_params(self, tp: int) -> float:
+        """Of :meth:`shard_params`, those shared with ``tied_to`` (the gradients the tied copies all-reduce)."""
+        if self.tied_to is None or not self.params:
+            return 0.0
+        shard = self.shard_params(tp)
+        return shard if self.tied_params is None else shard * self.tied_params / self.params
 
     @property
     def fwd_flops(self) -> float:
@@ -162,6 +181,9 @@ class Model:
     when the model has no such rule. The grid search skips pipeline degrees that do not divide it."""
     source: str = ""
     """Where the dimensions come from (paper, table)."""
+    micro_batch_size: int | None = None
+    """The only micro-batch size the model's costs hold for (a torch module profiled at its example batch); None:
+    any. A strategy with another micro-batch size is refused."""
     description: str = ""
     _edges: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
 
@@ -198,7 +220,7 @@ class Model:
     @property
     def params(self) -> int:
         """Distinct parameters (a tied layer's weights are counted once)."""
-        return sum(layer.params for layer in self.layers if layer.tied_to is None)
+        return sum(layer.params - layer.shared_params for layer in self.layers)
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -209,10 +231,17 @@ class Model:
         tied = self.layers[i].tied_to
         return tied is None or self.index[tied] not in on_rank
 
+    def stored_params(self, i: int, on_rank: set[int] | range, tp: int) -> float:
+        """Parameters one tp shard of layer i stores on a rank holding the layers `on_rank` (a tied layer's shared
+        weights only where its target is not held)."""
+        layer = self.layers[i]
+        shard = layer.shard_params(tp)
+        return shard if self.owns_params(i, on_rank) else shard - layer.tied_shard_params(tp)
+
     def rank_params(self, layer_indices: list[int], tp: int) -> float:
         """Parameters one tp shard of a pipeline rank holding these layers stores."""
         held = set(layer_indices)
-        return sum(self.layers[i].shard_params(tp) for i in held if self.owns_params(i, held))
+        return sum(self.stored_params(i, held, tp) for i in held)
 
     @property
     def fwd_flops_per_sample(self) -> float:

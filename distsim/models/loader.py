@@ -7,6 +7,7 @@ Two forms, which may be combined (the transformer stack first, then the listed l
 
     name: what-if
     precision: fp16-mixed            # or fp32
+    micro_batch_size: 2              # only this micro-batch size is valid (a profiled torch module's); default: any
     layers:
       - name: block                  # one layer; `repeat: 4` makes block0..block3
         forward_s: 0.010             # given time per micro-batch (backward defaults to 2x forward)
@@ -21,6 +22,7 @@ Two forms, which may be combined (the transformer stack first, then the listed l
         tp: shard                    # shard | replicate | none (default none)
         tp_allreduce_bytes: 2048     # per sample, after forward and in backward, when tp > 1
         inputs: [block3]             # default: the previous layer
+        tied_to: block0              # shares weights with that layer; tied_params: how many (default: all)
 
 Unknown keys are errors, so a misspelt field is named rather than silently ignored.
 """
@@ -43,6 +45,7 @@ _MODEL_KEYS = {
     "seq_len",
     "tp_constraints",
     "pipeline_layers",
+    "micro_batch_size",
     "transformer",
     "layers",
 }
@@ -52,7 +55,7 @@ _BLOCK_KEYS = {
     "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "shape",
 }  # fmt: skip
 _LAYER_KEYS = _BLOCK_KEYS | {
-    "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "inputs", "repeat", "blocks", "tied_to",
+    "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "inputs", "repeat", "blocks", "tied_to", "tied_params",
 }  # fmt: skip
 
 
@@ -118,6 +121,8 @@ def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
     repeat = positive_int(entry.get("repeat", 1), f"{where}: repeat", ModelFileError, MAX_LAYERS)
     if repeat > room:
         raise ModelFileError(f"{where}: repeat {repeat:,} takes the model past the limit of {MAX_LAYERS:,} layers")
+    tied = entry.get("tied_params")
+    tied_params = None if tied is None else integer(tied, f"{where}: tied_params", ModelFileError, minimum=0)
     out = []
     for k in range(repeat):
         layer_inputs = tuple(map(str, inputs)) if inputs is not None and k == 0 else None
@@ -130,6 +135,7 @@ def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
                 saved_sharded_bytes=_num(entry, "saved_sharded_bytes", where),
                 inputs=layer_inputs,
                 tied_to=None if entry.get("tied_to") is None else str(entry["tied_to"]),
+                tied_params=tied_params,
             )
         )
     return out
@@ -177,6 +183,7 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
     if "pipeline_layers" in data:
         raw = data["pipeline_layers"]
         pipeline_layers = None if raw is None else positive_int(raw, f"{where}: pipeline_layers", ModelFileError)
+    mbs = data.get("micro_batch_size")
     return Model(
         name=name,
         layers=tuple(layers),
@@ -184,6 +191,7 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
         tp_constraints=tuple(constraints),
         precision=precision,
         pipeline_layers=pipeline_layers,
+        micro_batch_size=None if mbs is None else positive_int(mbs, f"{where}: micro_batch_size", ModelFileError),
         source=str(data.get("source", where)),
         description=str(data.get("description", f"{len(layers)} layers from {where}")),
     )

@@ -378,3 +378,65 @@ def time_compute_event(
         starved = f", {measured.starved} call(s) launched slower than the sleep before them" if measured.starved else ""
         progress(f"{event.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}){host}{starved}")
     return timing
+
+
+# ------------------------------------------------------------------------------------------ any forward and backward
+def mark(device: torch.device) -> Any:
+    """A point in the device's time: a recorded CUDA event on the current stream, else the host clock."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def seconds_between(start: Any, end: Any) -> float:
+    """Seconds between two :func:`mark` s (waits for a CUDA event to complete)."""
+    if isinstance(start, float):
+        return end - start
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+Step = tuple[str, Callable[[], object]]
+"""A named piece of work to time on its own (a backward pass)."""
+
+
+def time_in_flight(
+    forward: Callable[[], tuple[Any, dict[str, float]]],
+    backward: Callable[[Any], list[Step]],
+    device: torch.device | str,
+    warmup: int = 2,
+    repeats: int = 10,
+) -> dict[str, list[float]]:
+    """Seconds per name of work that times its own forward and hands back its backward, measured as
+    :func:`time_compute_event` measures a block: IN_FLIGHT forwards with their activations kept, then their
+    backwards in reverse, the cache swept before each call, `warmup` rounds discarded.
+
+    `forward()` runs once and returns (what its backward needs, seconds per name it timed, e.g. with
+    :func:`_timed` or between :func:`mark` s); `backward(value)` returns the steps to time in order. Returns
+    `repeats` samples per name (the first `repeats` after warm-up).
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    dev = torch.device(device)
+    evict = torch.empty(EVICT_BYTES // 4, dtype=torch.float32, device=dev)
+    samples: dict[str, list[float]] = {}
+    for r in range(warmup + -(-repeats // IN_FLIGHT)):
+        kept = []
+        for _ in range(IN_FLIGHT):
+            evict.add_(1.0)
+            _sync(dev)
+            value, times = forward()
+            kept.append(value)
+            for name, dt in times.items():
+                if r >= warmup:
+                    samples.setdefault(name, []).append(dt)
+        while kept:  # the latest first, each freed once its backward ran
+            for name, step in backward(kept.pop()):
+                evict.add_(1.0)
+                _sync(dev)
+                dt, _ = _timed(step, dev)
+                if r >= warmup:
+                    samples.setdefault(name, []).append(dt)
+    return {name: times[:repeats] for name, times in samples.items()}

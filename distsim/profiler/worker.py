@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distsim.errors import DistsimError
@@ -52,6 +52,9 @@ class ProfileConfig(WorkerConfig):
     """Time a short in-situ chain of each distinct stage's blocks against the isolated timings."""
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
+    torch_model: str = ""
+    """``module:function`` of a user's torch module (``--torch-model``), whose layers rank 0 discovers and times;
+    `model` is then unused. Strategies, if any, get the example batch's micro-batch size."""
 
 
 def _log(message: str) -> None:
@@ -91,8 +94,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run(cfg: ProfileConfig) -> None:
-    """Profile as one rank of the job described by the environment (or alone)."""
+def run(cfg: ProfileConfig, traced: Any = None) -> None:
+    """Profile as one rank of the job described by the environment (or alone). `traced`: the torch module of
+    ``cfg.torch_model`` already traced on this rank's device (a single process need not trace it twice)."""
     import torch
     import torch.distributed as dist
 
@@ -121,10 +125,18 @@ def run(cfg: ProfileConfig) -> None:
     log = _log if rank == 0 else (lambda _m: None)
     backend = dist.get_backend() if world > 1 else ("nccl" if cuda else "none")
 
-    model, cluster = load_model(cfg.model), load_cluster(cfg.cluster)
+    if cfg.torch_model:
+        traced, model = _torch_model(cfg.torch_model, rank, world, device, traced)
+    else:
+        model = load_model(cfg.model)
     strategies = [Strategy.from_str(s) for s in cfg.strategies]
-    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
-    log(found.report())
+    if model.micro_batch_size is not None:  # a torch module: its example batch is the micro-batch
+        strategies = [replace(s, micro_batch_size=model.micro_batch_size) for s in strategies]
+    found = None
+    if strategies:
+        cluster = load_cluster(cfg.cluster)
+        found = discover(model, cluster, strategies, AnalyticCosts(cluster))
+        log(found.report())
     existing = None
     if rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
         existing = load_profile(cfg.out)  # only rank 0's file system has it on real nodes
@@ -136,15 +148,27 @@ def run(cfg: ProfileConfig) -> None:
     load = _reference_at_start(reading, device, world, existing, log)
 
     # ------------------------------------------------------------------------------------------------ compute
-    compute_events = sorted((k, e) for k, e in found.measurable_compute.items() if k not in known)
-    optimizer_sizes = sorted({int(p) for p, s in found.optimizer.values() if int(p) <= cfg.max_optimizer_params})
+    measurable = found.measurable_compute if found else {}
+    compute_events = sorted((k, e) for k, e in measurable.items() if k not in known and not _is_torch(e.block.op))
+    wanted = found.optimizer.values() if found else []
+    optimizer_sizes = sorted({int(p) for p, s in wanted if int(p) <= cfg.max_optimizer_params})
     state_bytes = model.precision.state_bytes_per_param
     sweep = [n for n in (2**20, 2**22, 2**24) if n <= cfg.max_optimizer_params]
+    if traced is not None:  # a whole user module's shards: up to its size, enough for the fit in between
+        sweep = [n for n in sorted({max(1, model.params // 4), max(1, model.params // 2), model.params})
+                 if n <= cfg.max_optimizer_params]  # fmt: skip
     optimizer_sizes = sorted(set(optimizer_sizes) | set(sweep))
     results: dict[str, Measurement] = {}
     skipped: dict[str, str] = {}
     inject_fault(rank, "compute", _log)
+    model_dict = traced.model_dict() if traced is not None else None
     if cfg.compute:
+        if traced is not None:
+            from distsim.profiler.torch_timing import time_layers
+
+            timed, flops = time_layers(traced, cfg.warmup, cfg.repeats, known, log)
+            results.update(timed)
+            model_dict = traced.model_dict(flops)
         mine = compute_events[rank::world]
         for i, (key, event) in enumerate(mine):
             log(f"compute {i + 1}/{len(mine)} (rank 0's share of {len(compute_events)}): {key}")
@@ -168,7 +192,7 @@ def run(cfg: ProfileConfig) -> None:
             results.update(part)
             skipped.update(part_skipped)
     self_check = None
-    if cfg.compute and cfg.self_check and results:
+    if cfg.compute and cfg.self_check and results and strategies and not cfg.torch_model:
         self_check = _self_check(model, cluster, strategies, results, existing, device, rank, world, log)
 
     # ------------------------------------------------------------------------------------------ communication
@@ -177,7 +201,7 @@ def run(cfg: ProfileConfig) -> None:
     inject_fault(rank, "comm", _log)
     if cfg.comm and world > 1:
         bench = CommBench(device, cfg.comm_warmup, cfg.comm_repeats, progress=log)
-        wanted = found.comm_groups
+        wanted = found.comm_groups if found else {}
         base = sweep_sizes(cfg.max_comm_bytes)
         for spec in plan_groups(nodes, local_world, cfg.max_group):
             exact = {
@@ -206,9 +230,8 @@ def run(cfg: ProfileConfig) -> None:
             provenance["not_profiled"] = skipped
         if self_check is not None:
             provenance["self_check"] = provenance["runs"][0]["self_check"] = self_check
-        db = ProfileDB(
-            provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference)
-        ).refit()
+        db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference),
+                       model=model_dict).refit()  # fmt: skip
         if existing is not None:
             db = existing.merge(db)
             log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
@@ -245,6 +268,29 @@ def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[s
     if warning:
         log(f"warning: {warning}")
     return summary
+
+
+def _is_torch(op: str) -> bool:
+    """A layer of a user's torch module (timed by :mod:`distsim.profiler.torch_timing`, not built from a Block)."""
+    return op.startswith("torch:")
+
+
+def _torch_model(spec: str, rank: int, world: int, device: Any, traced: Any) -> tuple[Any, Any]:
+    """(the traced module on rank 0, else None; its layer graph as a Model on every rank): only rank 0 imports and
+    runs the user's code, the others get the graph from it."""
+    from distsim.models import model_from_dict
+    from distsim.profiler.torch_model import trace
+
+    data: list[Any] = [None]
+    if rank == 0:
+        if traced is None or traced.device != device:
+            traced = trace(spec, device)
+        data = [traced.model_dict()]
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(data, src=0)
+    return (traced if rank == 0 else None), model_from_dict(data[0], where=spec)
 
 
 def _gather(obj: Any, world: int) -> list[Any]:
@@ -315,8 +361,9 @@ def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world
         "nodes": nodes,
         "procs_per_node": local_world,
         "threads_per_rank": torch.get_num_threads() if device.type == "cpu" else None,
-        "model": cfg.model,
-        "runs": [{"date": now, "command": cfg.command, "model": cfg.model, "strategies": cfg.strategies,
+        "model": cfg.torch_model or cfg.model,
+        "runs": [{"date": now, "command": cfg.command, "model": cfg.torch_model or cfg.model,
+                  "strategies": cfg.strategies,
                   "backend": backend, "nodes": nodes, "procs_per_node": local_world,
                   "emulation": cfg.emulation or None, "compute_events": n_compute, "comm_measurements": n_comm,
                   "seconds": round(elapsed, 1)}],

@@ -290,7 +290,7 @@ class StageCosts:
         model = self.model
         for i, layer in enumerate(model.layers):
             if layer.tied_to is not None:
-                nbytes = round(layer.shard_params(1) * model.precision.grad_bytes)
+                nbytes = round(layer.tied_shard_params(1) * model.precision.grad_bytes)
                 t = model.index[layer.tied_to]
                 if nbytes > 0 and t != i:
                     out.append((min(i, t), max(i, t), nbytes))
