@@ -1,9 +1,12 @@
 """Cluster description: nodes x GPUs, the GPU's speed and memory, and the two link classes.
 
 Links are described per flow. ``intra`` is what one GPU gets to a peer on its node (NVLink through NVSwitch, or
-PCIe). ``inter`` is what one network interface gives; a node has ``nics_per_node`` of them. When k flows leave a
-node at the same time through its NICs, each gets ``inter.bandwidth * min(1, nics_per_node / k)``; the event-flow
-builder knows k from the strategy's structure (how many symmetric peers on a node issue the same transfer at once).
+PCIe). ``inter`` is what one network interface gives; a node has ``nics_per_node`` of them. When k point-to-point
+flows leave a node at the same time through its NICs, each gets ``inter.bandwidth * min(1, nics_per_node / k)``; k
+collectives crossing the node's boundary at once share all its NICs, as NCCL stripes a collective over every NIC:
+each gets ``inter.bandwidth * nics_per_node / k`` (beyond one NIC, no more than the intra-node link can feed). The
+event-flow builder knows k from the strategy's structure (how many symmetric peers on a node issue the same transfer
+at once).
 
 Every preset cites where its figures come from; figures a paper does not state are marked "assumed".
 """
@@ -141,9 +144,19 @@ class Cluster:
         return 1.0
 
     def inter_flow_bandwidth(self, concurrent_flows: int) -> float:
-        """Bandwidth of one of k flows leaving a node at once through its NICs."""
+        """Bandwidth of one of k point-to-point flows leaving a node at once through its NICs (a flow uses one)."""
         share = min(1.0, self.nics_per_node / max(1, concurrent_flows))
         return self.inter.bandwidth_bytes_per_s * share
+
+    def inter_collective_bandwidth(self, concurrent: int) -> float:
+        """Bandwidth of one of k collectives crossing a node's boundary at once: NCCL runs a channel per NIC and
+        stripes a collective over all of them (reaching another GPU's NIC over NVLink, "PXN"), so each of the k
+        gets nics/k NICs; beyond its own NIC it gets no more than the intra-node link can feed."""
+        nic = self.inter.bandwidth_bytes_per_s
+        share = self.nics_per_node / max(1, concurrent)
+        if share <= 1:
+            return nic * share
+        return min(nic * share, max(nic, self.intra.bandwidth_bytes_per_s))
 
     def with_nodes(self, nodes: int) -> Cluster:
         return replace(

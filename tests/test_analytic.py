@@ -1,5 +1,6 @@
-"""The analytic cost model: per-op kernel times (GEMM waves, memory-bound kernels, flash attention, launches).
-Hand-computed cases, this project's own H100 measurements, and monotonicity."""
+"""The analytic cost model: per-op kernel times (GEMM waves, memory-bound kernels, flash attention, launches) and
+ring/tree collectives over all of a node's NICs. Hand-computed cases, closed forms, this project's own H100
+measurements, and monotonicity."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distsim.cluster import GPU, Cluster, Link, get_cluster
-from distsim.costs import AnalyticCosts, ComputeEvent
+from distsim.collectives import TREE_BUS_BANDWIDTH, collective_s
+from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent
 from distsim.errors import ModelFileError
 from distsim.kernels import REDUCTION_EFFICIENCY, attention_s, gemm_s, memory_s
 from distsim.models import get_model
 from distsim.models.graph import FP16_MIXED, Block
 from distsim.models.ops import AttentionOp, GemmOp, MemoryOp
 from distsim.models.transformer import attention_block, mlp_block
+from tests.util import hand_cluster
 
 # A toy device with round numbers: 4 SMs sharing 1 TFLOP/s (250 GFLOP/s each) and 1 TB/s, 1 us per kernel on the
 # device and 5 us to launch one from the host.
@@ -118,9 +121,52 @@ def test_launch_time_is_kernels_times_launch_cost() -> None:
     mlp = mlp_block(1024, 4096, 1024, FP16_MIXED)
     assert costs.compute(ComputeEvent(mlp, "F", 1, 1, "fp16-mixed")).launch_s == pytest.approx(5 * launch)
     assert costs.compute(ComputeEvent(mlp, "B", 1, 1, "fp16-mixed")).launch_s == pytest.approx(8 * launch)
-    # CPUs launch nothing apart
+    # one NCCL kernel per collective; CPUs launch nothing apart
+    assert costs.comm(CommEvent("all_reduce", 1 << 20, 8, "intra")).launch_s == pytest.approx(launch)
     cpu = AnalyticCosts(get_cluster("cpu-1x2"))
     assert cpu.compute(ComputeEvent(mlp, "F", 1, 1, "fp16-mixed")).launch_s == 0.0
+
+
+def test_cross_node_collective_uses_all_nics() -> None:
+    def all_reduce(nics: int, sharers: int = 1, intra_bw: float = 1e9, collective: str = "all_reduce") -> float:
+        c = hand_cluster(nodes=2, gpus_per_node=8, intra_bw=intra_bw, inter_bw=1000.0, nics=nics)
+        return AnalyticCosts(c).comm(CommEvent(collective, 8000, 2, "inter", sharers)).seconds
+
+    # two members, no latency: 2(n-1)/n x 8000 B = 8000 B over the node's NICs
+    assert all_reduce(1) == pytest.approx(8.0)
+    assert all_reduce(8) == pytest.approx(1.0)  # striped over 8 NICs: 8 x the bandwidth
+    assert all_reduce(4) == pytest.approx(2.0)
+    assert all_reduce(8, sharers=8) == pytest.approx(8.0)  # 8 collectives at once: a NIC each
+    assert all_reduce(8, sharers=16) == pytest.approx(16.0)  # half a NIC each
+    assert all_reduce(8, intra_bw=2000.0) == pytest.approx(4.0)  # no more than the intra-node link feeds
+    assert all_reduce(8, collective="all_gather") == pytest.approx(0.5)  # (n-1)/n of the bytes
+    # point-to-point transfers still use one NIC each
+    c = hand_cluster(nodes=2, gpus_per_node=8, intra_bw=1e9, inter_bw=1000.0, nics=8)
+    assert AnalyticCosts(c).comm(CommEvent("p2p", 8000, 2, "inter")).seconds == pytest.approx(8.0)
+
+
+def test_ring_or_tree_whichever_is_faster() -> None:
+    alpha, nic = 5e-6, 25e9
+    c = hand_cluster(nodes=8, gpus_per_node=8, intra_bw=300e9, inter_bw=nic, inter_lat=alpha, intra_lat=alpha)
+    costs = AnalyticCosts(c)
+
+    def ring(s: float) -> float:  # 2(n-1) steps of alpha, 2(n-1)/n of the bytes
+        return 126 * alpha + 2 * 63 / 64 * s / nic
+
+    def tree(s: float) -> float:  # 2 log2(n) steps, 2 S / (0.92 B)
+        return 12 * alpha + 2 * s / (TREE_BUS_BANDWIDTH * nic)
+
+    crossover = (126 - 12) * alpha / (2 / (TREE_BUS_BANDWIDTH * nic) - 2 * 63 / 64 / nic)  # about 69 MB
+    for size, algorithm in ((1e3, "tree"), (1e6, "tree"), (0.9 * crossover, "tree"), (1.1 * crossover, "ring"),
+                            (1e9, "ring")):  # fmt: skip
+        t = costs.comm(CommEvent("all_reduce", int(size), 64, "inter")).seconds
+        assert t == pytest.approx(min(ring(int(size)), tree(int(size))))
+        assert collective_s("all_reduce", 64, int(size), alpha, nic, tree=True)[1] == algorithm
+    # inside a node NCCL's tree is a chain: always the ring; all-gather and reduce-scatter are rings
+    assert collective_s("all_reduce", 8, 1e3, alpha, nic, tree=False)[1] == "ring"
+    assert collective_s("all_gather", 64, 1e3, alpha, nic, tree=True)[1] == "ring"
+    intra = costs.comm(CommEvent("all_reduce", 1000, 8, "intra")).seconds
+    assert intra == pytest.approx(14 * alpha + 2 * 7 / 8 * 1000 / 300e9)
 
 
 def test_close_to_our_own_h100_measurements() -> None:
