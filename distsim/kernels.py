@@ -5,8 +5,8 @@ costed one kernel at a time; the event's device time is their sum and its host l
 ``GPU.kernel_launch_s``. Every kernel also pays ``GPU.kernel_latency_s`` (start, first-wave ramp, tail).
 
 * **GEMM** (tile and wave quantisation, as a tensor-core GEMM runs: NVIDIA, "Matrix Multiplication Background User's
-  Guide", sections on tile and wave quantization). The output is cut into 128 x 128 tiles (a thin dimension uses a
-  64- or 128-wide tile); the tiles run in waves of ``sm_count``, one tile per SM, each tile taking its
+  Guide", sections on tile and wave quantization). The output is cut into 128 x 128 tiles (64 wide along a dimension of
+  at most 64); the tiles run in waves of ``sm_count``, one tile per SM, each tile taking its
   ``2 * 128 * 128 * k`` FLOPs at ``peak * compute_efficiency / sm_count`` plus its epilogue, the output tile written
   at the running tiles' share of memory bandwidth. A GEMM with at most half a wave of tiles may split k over the idle
   SMs (split-K, reduced in fp32 afterwards) where that is faster. The time is never below the GEMM's bytes (A, B and
@@ -60,10 +60,8 @@ copy: 0.61 and 0.78, mean 0.70."""
 
 
 def _tile(dim: int) -> int:
-    """Tile edge along a dimension of `dim` elements: 128, or the power of two (at least 64) covering a thin one."""
-    if dim >= TILE:
-        return TILE
-    return max(MIN_TILE, 1 << max(0, math.ceil(math.log2(max(dim, 1)))))
+    """Tile edge along a dimension of `dim` elements: 128, or 64 for a dimension of at most 64."""
+    return MIN_TILE if dim <= MIN_TILE else TILE
 
 
 def _bandwidth(gpu: GPU) -> float:
