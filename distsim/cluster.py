@@ -1,9 +1,12 @@
 """Cluster description: nodes x GPUs, the GPU's speed and memory, and the two link classes.
 
 Links are described per flow. ``intra`` is what one GPU gets to a peer on its node (NVLink through NVSwitch, or
-PCIe). ``inter`` is what one network interface gives; a node has ``nics_per_node`` of them. When k flows leave a
-node at the same time through its NICs, each gets ``inter.bandwidth * min(1, nics_per_node / k)``; the event-flow
-builder knows k from the strategy's structure (how many symmetric peers on a node issue the same transfer at once).
+PCIe). ``inter`` is what one network interface gives; a node has ``nics_per_node`` of them. When k point-to-point
+flows leave a node at the same time through its NICs, each gets ``inter.bandwidth * min(1, nics_per_node / k)``; k
+collectives crossing the node's boundary at once share all its NICs, as NCCL stripes a collective over every NIC:
+each gets ``inter.bandwidth * nics_per_node / k`` (beyond one NIC, no more than the intra-node link can feed). The
+event-flow builder knows k from the strategy's structure (how many symmetric peers on a node issue the same transfer
+at once).
 
 Every preset cites where its figures come from; figures a paper does not state are marked "assumed".
 """
@@ -37,11 +40,24 @@ class GPU:
     memory_bandwidth_bytes_per_s: float
     """Device memory bandwidth, bytes/s."""
     compute_efficiency: float = 0.5
-    """Fraction of peak a large kernel achieves; used only by the analytic estimate (a profile replaces it)."""
+    """Fraction of peak a large kernel achieves (a GEMM tile's main loop, between its waves); used only by the
+    analytic estimate (a profile replaces it)."""
     kernel_overhead_s: float = 10e-6
-    """Fixed cost per compute event (launches, small kernels); analytic estimate only."""
+    """Fixed cost per compute event of a block without ops (launches, small kernels); analytic estimate only."""
     kernel_launch_s: float = 0.0
     """Host seconds to launch one kernel (an accelerator's host stream); 0 for CPUs, whose host runs the work."""
+    sm_count: int = 0
+    """Streaming multiprocessors: GEMM tiles and attention blocks run in waves of this many; 0 (CPUs): no waves."""
+    clock_hz: float = 0.0
+    """Clock at which the tensor-core peak is quoted, Hz: sets the special-function (exp) rate of an attention
+    softmax, 16 per SM per clock; 0: softmax arithmetic is not modelled apart."""
+    fp32_flops_per_s: float = 0.0
+    """Non-tensor FP32 FLOP/s (an FMA is 2), for a softmax's element-wise arithmetic; 0: not modelled apart."""
+    memory_efficiency: float = 1.0
+    """Fraction of ``memory_bandwidth_bytes_per_s`` a streaming kernel achieves (1 where the bandwidth given is
+    already a measured one)."""
+    kernel_latency_s: float = 0.0
+    """Device seconds every kernel of a block with ops takes beyond its work (start, first-wave ramp, tail)."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +106,18 @@ class Cluster:
         ):
             if not (value > 0 and math.isfinite(value)):
                 raise ClusterError(f"cluster {self.name!r}: {label} must be a finite number > 0, got {value!r}")
-        if not 0 < self.gpu.compute_efficiency <= 1:
-            raise ClusterError(f"cluster {self.name!r}: compute_efficiency must be in (0, 1]")
+        for label, value in (("compute_efficiency", self.gpu.compute_efficiency),
+                             ("memory_efficiency", self.gpu.memory_efficiency)):  # fmt: skip
+            if not 0 < value <= 1:
+                raise ClusterError(f"cluster {self.name!r}: {label} must be in (0, 1]")
+        if self.gpu.sm_count < 0 or self.gpu.sm_count != int(self.gpu.sm_count):
+            raise ClusterError(f"cluster {self.name!r}: sm_count must be a whole number >= 0")
         for label, value in (
             ("kernel overhead", self.gpu.kernel_overhead_s),
+            ("kernel launch", self.gpu.kernel_launch_s),
+            ("kernel latency", self.gpu.kernel_latency_s),
+            ("clock", self.gpu.clock_hz),
+            ("fp32 FLOP/s", self.gpu.fp32_flops_per_s),
             ("intra-node latency", self.intra.latency_s),
             ("inter-node latency", self.inter.latency_s),
         ):
@@ -120,9 +144,19 @@ class Cluster:
         return 1.0
 
     def inter_flow_bandwidth(self, concurrent_flows: int) -> float:
-        """Bandwidth of one of k flows leaving a node at once through its NICs."""
+        """Bandwidth of one of k point-to-point flows leaving a node at once through its NICs (a flow uses one)."""
         share = min(1.0, self.nics_per_node / max(1, concurrent_flows))
         return self.inter.bandwidth_bytes_per_s * share
+
+    def inter_collective_bandwidth(self, concurrent: int) -> float:
+        """Bandwidth of one of k collectives crossing a node's boundary at once: NCCL runs a channel per NIC and
+        stripes a collective over all of them (reaching another GPU's NIC over NVLink, "PXN"), so each of the k
+        gets nics/k NICs; beyond its own NIC it gets no more than the intra-node link can feed."""
+        nic = self.inter.bandwidth_bytes_per_s
+        share = self.nics_per_node / max(1, concurrent)
+        if share <= 1:
+            return nic * share
+        return min(nic * share, max(nic, self.intra.bandwidth_bytes_per_s))
 
     def with_nodes(self, nodes: int) -> Cluster:
         return replace(
@@ -141,6 +175,9 @@ class Cluster:
             peak_flops_per_s=self.gpu.peak_flops_per_s * compute,
             memory_bandwidth_bytes_per_s=self.gpu.memory_bandwidth_bytes_per_s * compute,
             kernel_overhead_s=self.gpu.kernel_overhead_s / compute,
+            kernel_latency_s=self.gpu.kernel_latency_s / compute,
+            clock_hz=self.gpu.clock_hz * compute,
+            fp32_flops_per_s=self.gpu.fp32_flops_per_s * compute,
         )
         intra = replace(self.intra, bandwidth_bytes_per_s=self.intra.bandwidth_bytes_per_s * bandwidth)
         inter = replace(self.inter, bandwidth_bytes_per_s=self.inter.bandwidth_bytes_per_s * bandwidth)
@@ -157,15 +194,84 @@ class Cluster:
         )
 
 
-A40 = GPU("A40", 149.7 * TFLOPS, 48 * GB, 696 * GB)  # NVIDIA A40 datasheet: FP16 tensor 149.7 TF dense
-A10 = GPU("A10", 125 * TFLOPS, 24 * GB, 600 * GB)  # NVIDIA A10 datasheet: FP16 tensor 125 TF dense
-V100_16GB = GPU("V100-SXM2-16GB", 125 * TFLOPS, 16 * GB, 900 * GB)  # V100 datasheet; DAPPLE Table VIII: 16 GB
-A100_80GB = GPU("A100-SXM4-80GB", 312 * TFLOPS, 80 * GB, 2039 * GB)  # A100 datasheet: BF16 312 TF dense
-H100_80GB = GPU("H100-SXM5-80GB", 989 * TFLOPS, 80 * GB, 3350 * GB)  # H100 datasheet: BF16 989 TF dense
+# Figures of the analytic kernel model that no datasheet gives, from this project's own H100 (shared/evidence/
+# h100-2026-11-22/micro.log, one H100 80GB HBM3, torch 2.11, cuBLAS/cuDNN of CUDA 13) and assumed for the other GPUs:
+#   compute_efficiency 0.80: a GEMM tile's main loop reaches 80 % of the dense peak (least-squares fit of the tile/wave
+#     model to the 32 fp16/bf16 GEMMs measured there, 256x1024x1024 to 16384x12288x12288: 0.81-0.83, rms error 9 %);
+#   memory_efficiency 0.89: a streaming kernel moves 0.89 of the datasheet bandwidth (copy of 2^27 fp16: 2988 GB/s
+#     of 3350);
+#   kernel_latency_s 2 us: device time of a kernel beyond its work (copy/GeLU/layer norm of 2^20 elements take
+#     2.7-6.0 us for 4 MB; the same fit gives 0.5-2.5 us);
+#   kernel_launch_s 7 us: host time to launch one kernel from eager PyTorch (7.22 us measured, 7.00 us per tiny kernel
+#     back to back).
+# SM counts and clocks are the vendor's: the clock is the one the datasheet's tensor peak implies, peak / (SMs x
+# tensor-core FLOPs per SM per clock).
+_MEASURED_H100 = {"compute_efficiency": 0.80, "memory_efficiency": 0.89, "kernel_latency_s": 2e-6,
+                  "kernel_launch_s": 7e-6}  # fmt: skip
+A40 = GPU(
+    "A40",
+    149.7 * TFLOPS,
+    48 * GB,
+    696 * GB,
+    sm_count=84,
+    clock_hz=1.74e9,
+    fp32_flops_per_s=37.4 * TFLOPS,
+    **_MEASURED_H100,
+)  # NVIDIA A40 datasheet: FP16 tensor 149.7 TF dense, FP32 37.4 TF, 696 GB/s; GA102 (Ampere GA102 whitepaper): 84 SMs
+# at 1740 MHz boost x 4 tensor cores x 256 FLOPs/clock = 149.7 TF
+A10 = GPU(
+    "A10",
+    125 * TFLOPS,
+    24 * GB,
+    600 * GB,
+    sm_count=72,
+    clock_hz=1.695e9,
+    fp32_flops_per_s=31.2 * TFLOPS,
+    **_MEASURED_H100,
+)  # NVIDIA A10 datasheet: FP16 tensor 125 TF dense, FP32 31.2 TF, 600 GB/s; 72 SMs at 1695 MHz boost
+V100_16GB = GPU(
+    "V100-SXM2-16GB",
+    125 * TFLOPS,
+    16 * GB,
+    900 * GB,
+    sm_count=80,
+    clock_hz=1.53e9,
+    fp32_flops_per_s=15.7 * TFLOPS,
+    **_MEASURED_H100,
+)  # V100 datasheet (125 TF tensor, 15.7 TF FP32, 900 GB/s) and Volta whitepaper (80 SMs, 1530 MHz); DAPPLE Table
+# VIII: 16 GB
+A100_80GB = GPU(
+    "A100-SXM4-80GB",
+    312 * TFLOPS,
+    80 * GB,
+    2039 * GB,
+    sm_count=108,
+    clock_hz=1.41e9,
+    fp32_flops_per_s=19.5 * TFLOPS,
+    **_MEASURED_H100,
+)  # A100 datasheet: BF16 312 TF dense, FP32 19.5 TF, 2039 GB/s; Ampere GA100 whitepaper: 108 SMs, 1410 MHz boost
+H100_80GB = GPU(
+    "H100-SXM5-80GB",
+    989 * TFLOPS,
+    80 * GB,
+    3350 * GB,
+    sm_count=132,
+    clock_hz=1.83e9,
+    fp32_flops_per_s=67 * TFLOPS,
+    **_MEASURED_H100,
+)  # H100 datasheet: BF16 989 TF dense, FP32 67 TF, 3.35 TB/s; Hopper whitepaper: 132 SMs (SXM5), 4 tensor cores x
+# 1024 dense FP16 FLOPs/clock per SM, so 989 TF at 1830 MHz; micro.log's device reports 132 SMs and a 50 MB L2
 
 CPU_CORE = GPU(
-    "x86 CPU core (1 thread)", 134e9, 10 * GB, 16 * GB, compute_efficiency=0.8, kernel_overhead_s=30e-6
-)  # measured on the development VM: fp32 matmul 134 GFLOP/s and copy 16 GB/s on one thread
+    "x86 CPU core (1 thread)",
+    134e9,
+    10 * GB,
+    16 * GB,
+    compute_efficiency=0.8,
+    kernel_overhead_s=30e-6,
+    kernel_latency_s=3.5e-6,
+)  # measured on the development VM: fp32 matmul 134 GFLOP/s and copy 16 GB/s on one thread; an eager PyTorch op on a
+# tiny tensor (add_) takes 3.5 us (torch 2.13, one thread); no SMs, so GEMMs and attention are rooflines
 LOOPBACK = Link(2 * GB, 50e-6)  # gloo over loopback TCP (placeholder: the shipped CPU profile measures it)
 VETH_1G = Link(1 * Gbit, 100e-6)  # veth pair shaped by tc tbf to 1 Gbit/s (distsim profile --link-bandwidth 1gbit)
 CPU_SOURCE = (

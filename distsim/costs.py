@@ -7,9 +7,12 @@ layers, micro-batches, replicas and tensor-parallel ranks share one key, so they
 
 Two sources implement :class:`CostSource`:
 
-* :class:`AnalyticCosts`: a roofline for compute (FLOPs over achieved FLOP/s, or bytes over memory bandwidth) and an
-  alpha-beta model for communication with ring volumes (ring all-reduce 2(N-1)/N of the bytes and 2(N-1) latency
-  steps: MG-WFBP Table II, Thakur et al. 2005). It lets every preset work before anything is profiled.
+* :class:`AnalyticCosts`: per-kernel estimates for a block that lists its ops (:mod:`distsim.kernels`: GEMMs with
+  tile and wave quantisation, memory-bound kernels at achieved bandwidth, flash attention, a latency per kernel, and
+  ``launch_s`` = kernels x the GPU's launch time), else a roofline of the block (FLOPs over achieved FLOP/s, or bytes
+  over memory bandwidth); communication by ring or tree algorithms with a latency per step, the faster one as NCCL
+  picks, inter-node collectives striped over all of a node's NICs (:mod:`distsim.collectives`). It lets every preset
+  work before anything is profiled.
 * :class:`ProfileCosts`: measured durations from a profile database; collectives without an exact measurement use
   linear interpolation between the two nearest measured sizes, else the alpha-beta fit of their (collective, scope,
   group size), and groups larger than any profiled one scale the
@@ -23,11 +26,15 @@ Every cost says where it came from: ``given`` (in the model file), ``measured``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from distsim.cluster import Cluster
+from distsim.collectives import collective_s
+from distsim.collectives import ring_steps as ring_steps  # re-exported: the ring figures other modules use
+from distsim.collectives import ring_volume as ring_volume
 from distsim.errors import ProfileError
+from distsim.kernels import block_s
 from distsim.models.graph import Block
 from distsim.profile_db import ProfileDB
 
@@ -107,24 +114,6 @@ def optimizer_key(shard_params: float, state_bytes_per_param: int) -> str:
     return f"optimizer/params={round(shard_params)}/state_bytes={state_bytes_per_param}"
 
 
-def ring_volume(collective: str, n: int) -> float:
-    """Bytes each member moves per byte of message (ring algorithms)."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    return 1.0
-
-
-def ring_steps(collective: str, n: int) -> int:
-    """Latency terms of the ring algorithm."""
-    if collective == "all_reduce":
-        return 2 * (n - 1)
-    if collective in ("all_gather", "reduce_scatter"):
-        return n - 1
-    return 1
-
-
 def _given(event: ComputeEvent) -> Cost | None:
     b = event.block
     if not b.has_given_time:
@@ -137,35 +126,55 @@ def _given(event: ComputeEvent) -> Cost | None:
 
 @dataclass
 class AnalyticCosts:
-    """FLOP/bandwidth estimates from the cluster's figures (DistSim Sec. 2.3 shows why these can be off by 40%)."""
+    """Estimates from the cluster's figures (DistSim Sec. 2.3 shows why these can be off by 40%): per kernel for a
+    block with ops, a roofline for one without; ring or tree collectives."""
 
     cluster: Cluster
     name: str = "analytic"
+    _memo: dict[ComputeEvent, Cost] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def compute(self, event: ComputeEvent) -> Cost:
         given = _given(event)
         if given is not None:
             return given
+        cost = self._memo.get(event)
+        if cost is None:
+            cost = self._memo[event] = self._estimate(event)
+        return cost
+
+    def _estimate(self, event: ComputeEvent) -> Cost:
         gpu = self.cluster.gpu
         b = event.block
+        if b.ops:
+            seconds, kernels = block_s(gpu, b.ops, event.phase, event.micro_batch_size, event.effective_tp)
+            return Cost(seconds, "analytic", launch_s=kernels * gpu.kernel_launch_s)
         io = b.io_bytes * event.micro_batch_size / event.effective_tp
         weight_bytes = b.params / event.effective_tp * 2
         moved = io + weight_bytes if event.phase == "F" else 2 * (io + weight_bytes)
         t_flops = event.flops / (gpu.peak_flops_per_s * gpu.compute_efficiency)
         t_mem = moved / gpu.memory_bandwidth_bytes_per_s
-        return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic")
+        kernels = 1 if event.phase == "F" else 2  # a block without ops: one kernel, two in backward (as a GEMM)
+        return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic", launch_s=kernels * gpu.kernel_launch_s)
 
     def comm(self, event: CommEvent) -> Cost:
-        link = self.cluster.intra if event.scope == "intra" else self.cluster.inter
-        bandwidth = (
-            link.bandwidth_bytes_per_s if event.scope == "intra" else self.cluster.inter_flow_bandwidth(event.sharers)
-        )
-        n = event.group_size
-        t = (
-            ring_steps(event.collective, n) * link.latency_s
-            + ring_volume(event.collective, n) * event.nbytes / bandwidth
-        )
-        return Cost(t, "analytic")
+        """Point-to-point: latency + bytes over one flow's bandwidth (one NIC across nodes). Collectives: the faster
+        of ring and (across nodes, all-reduce) tree, striped over all the node's NICs across nodes; one kernel."""
+        c, n = event.collective, event.group_size
+        launch_s = self.cluster.gpu.kernel_launch_s
+        if event.scope == "intra":
+            link = self.cluster.intra
+            bandwidth = link.bandwidth_bytes_per_s
+        else:
+            link = self.cluster.inter
+            bandwidth = (
+                self.cluster.inter_flow_bandwidth(event.sharers)
+                if c == "p2p"
+                else self.cluster.inter_collective_bandwidth(event.sharers)
+            )
+        if c == "p2p":
+            return Cost(link.latency_s + event.nbytes / bandwidth, "analytic", launch_s=launch_s)
+        seconds, _ = collective_s(c, n, event.nbytes, link.latency_s, bandwidth, tree=event.scope == "inter")
+        return Cost(seconds, "analytic", launch_s=launch_s)
 
     def interference(self, scope: str) -> tuple[float, float]:
         """Overlap is taken as free unless a profile measured otherwise."""

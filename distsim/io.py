@@ -113,7 +113,7 @@ _LINK_KEYS = {f.name for f in fields(Link)}
 
 
 _TEXT_KEYS = {"base", "name", "source"}
-_INT_KEYS = {"nodes", "gpus_per_node", "nics_per_node"}
+_INT_KEYS = {"nodes", "gpus_per_node", "nics_per_node", "sm_count"}
 _NESTED_KEYS = {"gpu", "intra", "inter"}
 
 

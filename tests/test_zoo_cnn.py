@@ -70,7 +70,11 @@ def test_single_layer_costs_by_hand() -> None:
     assert conv.params == 3 * 64 * 9 + 64
     assert conv.fwd_flops == 2 * 224 * 224 * 3 * 64 * 9
     assert conv.out_bytes == 64 * 224 * 224 * 2
-    assert conv.blocks[0].io_bytes == conv.saved_bytes == (3 + 64) * 224 * 224 * 2
+    assert conv.saved_bytes == (3 + 64) * 224 * 224 * 2
+    # io_bytes sums the layer's kernels: the implicit GEMM reads the input and writes the output, then the bias add
+    # and the ReLU each read and write the output
+    assert conv.blocks[0].io_bytes == (3 + 64) * 224 * 224 * 2 + 2 * (2 * 64 * 224 * 224 * 2)
+    assert [op.name for op in conv.blocks[0].ops] == ["conv", "conv.bias", "conv.relu"]
     pool = layer(v, "pool1")
     assert pool.params == 0
     assert pool.out_bytes == 64 * 112 * 112 * 2

@@ -16,12 +16,17 @@ Cost conventions, per sample (one image), with ``e`` = activation bytes:
 * A pooling op does one FLOP per window element (``k_h k_w`` per output element); an adaptive average pool
   one per input element (or per output element when it upsamples). A concat does no FLOPs (data movement).
 * Parameters are weights + biases; BN adds its ``2 C`` affine parameters (running statistics are buffers).
-* ``io_bytes`` = ``e x (input + output elements)``; ``out_bytes`` = ``e x output elements``.
+* Every block lists its kernels (``Block.ops``) for the analytic cost model, and ``io_bytes`` is their bytes: a
+  conv is an implicit GEMM (Chetlur et al. 2014, Sec. 3: M = H_out W_out per sample, N = C_out, K = C_in k_h k_w)
+  reading its input feature map and writing its output, then its bias add (a separate kernel in cuDNN's path),
+  training-mode batch norm (statistics pass and normalise pass: the output read twice and written once) and ReLU
+  (read and write); a pool, a linear layer and a concat are one kernel reading its input and writing its output.
+  ``out_bytes`` = ``e x output elements``.
 * ``saved_bytes``: a conv or linear layer keeps its input and one output-sized tensor (the BN input / ReLU
   output); a pool keeps its input; a concat keeps nothing. Fan-out makes this an over-estimate: each consumer
   of an Inception module's input counts that tensor again (the layers may land on different pipeline stages).
-* A ResNet bottleneck is one layer whose costs add its three convs, BNs and the downsample projection as if
-  each conv+BN(+add)+ReLU ran as one fused kernel (see :meth:`_Builder.bottleneck`).
+* A ResNet bottleneck is one layer whose costs add its three convs, BNs, ReLUs, the residual add and the
+  downsample projection (see :meth:`_Builder.bottleneck`).
 
 No layer has a Megatron split (every block is ``tp="none"``), so these models need tensor-parallel degree 1.
 """
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 
 from distsim.errors import ModelFileError
 from distsim.models.graph import FP16_MIXED, Block, Layer, Model, Precision
+from distsim.models.ops import GemmOp, MemoryOp, Op
 
 Pair = int | tuple[int, int]
 
@@ -117,6 +123,7 @@ class _Builder:
         kh, kw = _pair(k)
         out_hw = self._spatial(name, hw, k, stride, pad)
         in_elems, out_elems = cin * hw * hw, cout * out_hw * out_hw
+        ops = self._conv_ops("conv", cin, cout, kh * kw, hw, out_hw, bias=bias and not bn, bn=bn, relu=True)
         block = Block(
             op="conv2d",
             shape=(
@@ -129,22 +136,35 @@ class _Builder:
                 ("out_hw", out_hw),
                 ("bn", int(bn)),
             ),
-            fwd_flops=float(2 * out_elems * cin * kh * kw),
             params=cin * cout * kh * kw + (cout if bias else 0) + (2 * cout if bn else 0),
-            io_bytes=float((in_elems + out_elems) * self.e),
+            ops=ops,
         )
         return self._add(name, block, inputs, (cout, out_hw), in_elems + out_elems)
+
+    def _conv_ops(
+        self, name: str, cin: int, cout: int, window: int, hw: int, out_hw: int, bias: bool, bn: bool, relu: bool
+    ) -> tuple[Op, ...]:
+        """A convolution as an implicit GEMM plus its bias, batch-norm and ReLU kernels (per sample)."""
+        e, out = self.e, cout * out_hw * out_hw
+        ops: list[Op] = [GemmOp(name, out_hw * out_hw, cout, cin * window, "none", e, in_elems=cin * hw * hw)]
+        if bias:
+            ops.append(MemoryOp(f"{name}.bias", float(2 * out * e)))
+        if bn:
+            ops.append(MemoryOp(f"{name}.bn", float(3 * out * e), reduction=True))
+        if relu:
+            ops.append(MemoryOp(f"{name}.relu", float(2 * out * e)))
+        return tuple(ops)
 
     def pool(self, name: str, op: str, k: int, stride: int, pad: int = 0, src: str | None = None) -> str:
         """Max or average pooling (op ``maxpool`` / ``avgpool``) with a square window."""
         c, hw, inputs = self._source(src)
         out_hw = self._spatial(name, hw, k, stride, pad)
         in_elems, out_elems = c * hw * hw, c * out_hw * out_hw
+        io = float((in_elems + out_elems) * self.e)
         block = Block(
             op=op,
             shape=(("c", c), ("k", k), ("stride", stride), ("hw", hw), ("out_hw", out_hw)),
-            fwd_flops=float(out_elems * k * k),
-            io_bytes=float((in_elems + out_elems) * self.e),
+            ops=(MemoryOp(op, io, flops=float(out_elems * k * k)),),
         )
         return self._add(name, block, inputs, (c, out_hw), in_elems)
 
@@ -152,11 +172,11 @@ class _Builder:
         """Average pooling to a fixed output size (torchvision's AdaptiveAvgPool2d; out_hw=1: global pool)."""
         c, hw, inputs = self._source(src)
         in_elems, out_elems = c * hw * hw, c * out_hw * out_hw
+        io = float((in_elems + out_elems) * self.e)
         block = Block(
             op="avgpool",
             shape=(("c", c), ("hw", hw), ("out_hw", out_hw)),
-            fwd_flops=float(max(in_elems, out_elems)),
-            io_bytes=float((in_elems + out_elems) * self.e),
+            ops=(MemoryOp("avgpool", io, flops=float(max(in_elems, out_elems))),),
         )
         return self._add(name, block, inputs, (c, out_hw), in_elems)
 
@@ -167,9 +187,8 @@ class _Builder:
         block = Block(
             op="linear",
             shape=(("in", cin), ("out", cout)),
-            fwd_flops=float(2 * cin * cout),
             params=cin * cout + cout,
-            io_bytes=float((cin + cout) * self.e),
+            ops=(GemmOp("linear", 1, cout, cin, "none", self.e),),  # bias added in the GEMM's epilogue (addmm)
         )
         return self._add(name, block, inputs, (cout, 1), cin + cout)
 
@@ -184,7 +203,7 @@ class _Builder:
         block = Block(
             op="concat",
             shape=(("c", c), ("hw", hw), ("branches", len(srcs))),
-            io_bytes=float(2 * elems * self.e),
+            ops=(MemoryOp("concat", float(2 * elems * self.e)),),
         )
         return self._add(name, block, srcs, (c, hw), 0)
 
@@ -192,20 +211,27 @@ class _Builder:
         """ResNet v1.5 bottleneck (1x1, 3x3 with the stride, 1x1 to 4 x width; BN after each) as one layer.
 
         The downsample projection (1x1 conv with the stride + BN) is present when the stride or the channel
-        count changes. io_bytes adds every fused kernel's input and output plus the residual read; saved_bytes
-        keeps the block input, the BN input and ReLU output of the first two convs, the BN input of the third
-        (and of the projection) and the block output.
+        count changes. The ops are torchvision's kernels: conv, BN, ReLU for the first two convs; conv, BN for the
+        third and the projection; the residual add (two reads, one write) and the last ReLU. saved_bytes keeps the
+        block input, the BN input and ReLU output of the first two convs, the BN input of the third (and of the
+        projection) and the block output.
         """
         cin, hw, inputs = self._source(src)
         cout = 4 * width
         out_hw = self._spatial(name, hw, 3, stride, 1)
         down = stride != 1 or cin != cout
         x, a1, a2, y = cin * hw * hw, width * hw * hw, width * out_hw * out_hw, cout * out_hw * out_hw
-        macs = a1 * cin + a2 * 9 * width + y * width + (y * cin if down else 0)
         params = cin * width + 9 * width * width + width * cout + 2 * (2 * width + cout)
         params += (cin * cout + 2 * cout) if down else 0
-        io = (x + a1) + (a1 + a2) + (a2 + 2 * y) + (x + y if down else 0)
         saved = x + 2 * a1 + 2 * a2 + 2 * y + (y if down else 0)
+        ops = (
+            *self._conv_ops("conv1", cin, width, 1, hw, hw, bias=False, bn=True, relu=True),
+            *self._conv_ops("conv2", width, width, 9, hw, out_hw, bias=False, bn=True, relu=True),
+            *self._conv_ops("conv3", width, cout, 1, out_hw, out_hw, bias=False, bn=True, relu=False),
+            *(self._conv_ops("downsample", cin, cout, 1, hw, out_hw, False, True, False) if down else ()),
+            MemoryOp("residual_add", float(3 * y * self.e)),
+            MemoryOp("relu", float(2 * y * self.e)),
+        )
         block = Block(
             op="bottleneck",
             shape=(
@@ -216,9 +242,8 @@ class _Builder:
                 ("hw", hw),
                 ("downsample", int(down)),
             ),
-            fwd_flops=float(2 * macs),
             params=params,
-            io_bytes=float(io * self.e),
+            ops=ops,
         )
         return self._add(name, block, inputs, (cout, out_hw), saved)
 

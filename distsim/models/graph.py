@@ -20,6 +20,7 @@ from typing import Literal
 import networkx as nx
 
 from distsim.errors import ModelFileError
+from distsim.models.ops import Op, op_totals
 
 TPSplit = Literal["shard", "replicate", "none"]
 
@@ -81,6 +82,10 @@ class Block:
     """Forward time per micro-batch given directly (what-if and hand-checkable cases); overrides any estimate."""
     bwd_s: float | None = None
     """Backward time per micro-batch given directly."""
+    ops: tuple[Op, ...] = ()
+    """The kernels of the forward pass (:mod:`distsim.models.ops`), for the analytic cost model; empty: the block is
+    costed as one roofline of ``fwd_flops`` and ``io_bytes``. With ops, ``fwd_flops`` and ``io_bytes`` are their sums
+    (filled in when given as 0)."""
 
     def __post_init__(self) -> None:
         if self.tp not in ("shard", "replicate", "none"):
@@ -92,6 +97,17 @@ class Block:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ModelFileError(f"block {self.op!r}: {name} must be a finite number >= 0, got {value!r}")
+        if self.ops:
+            self._fill_totals()
+
+    def _fill_totals(self) -> None:
+        """fwd_flops and io_bytes are the sums over the ops: filled in when 0, checked otherwise."""
+        for name, total in zip(("fwd_flops", "io_bytes"), op_totals(self.ops), strict=True):
+            given = getattr(self, name)
+            if given == 0:
+                object.__setattr__(self, name, total)
+            elif not math.isclose(given, total, rel_tol=1e-9):
+                raise ModelFileError(f"block {self.op!r}: {name} ({given:g}) is not the sum over its ops ({total:g})")
 
     @property
     def has_given_time(self) -> bool:

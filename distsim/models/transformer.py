@@ -8,6 +8,11 @@ with 2-byte activations and tensor parallelism t, without sequence parallelism o
 
 Megatron's tensor parallelism (Shoeybi et al. 2019, Fig. 3) needs one all-reduce of the block output (s h elements
 per sample) after the attention block and after the MLP block in forward, and one each in backward.
+
+Every block also lists its kernels (``Block.ops``, :mod:`distsim.models.ops`) for the analytic cost model: Megatron's
+layer (Korthikanti et al. 2022, Sec. 4.1) as layer norm, QKV GEMM, flash attention, output projection, bias + dropout +
+residual; layer norm, two MLP GEMMs around the bias + GeLU, bias + dropout + residual; the embedding gather; the LM
+head's GEMM and its fp32 vocab-parallel cross-entropy. ``fwd_flops`` and ``io_bytes`` are the sums over those ops.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from distsim.checks import positive_int
 from distsim.errors import ModelFileError
 from distsim.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
+from distsim.models.ops import AttentionOp, GemmOp, MemoryOp, Op
 
 
 def check_dims(dims: Mapping[str, Any], where: str) -> dict[str, int]:
@@ -40,29 +46,62 @@ def pad_vocab(vocab: int, multiple: int = 128) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = None) -> Block:
-    """Self-attention (kv_seq None) or cross-attention over kv_seq encoder positions, with its layernorm."""
+def _layernorm(s: int, h: int, e: int) -> MemoryOp:
+    """A replicated layer norm over s tokens (every tp rank normalises the full hidden state): reads and writes
+    s h elements; backward runs two kernels (input gradient; gamma/beta gradients)."""
+    return MemoryOp("layernorm", float(2 * s * h * e), reduction=True, bwd_kernels=2)
+
+
+def _bias_dropout_add(s: int, h: int, e: int) -> MemoryOp:
+    """Megatron's fused bias + dropout + residual add after a row-parallel projection, replicated on every tp rank:
+    reads the projection output and the residual, writes the sum and the 1-byte dropout mask (Korthikanti Sec. 4.1)."""
+    return MemoryOp("bias_dropout_add", float(s * h * (3 * e + 1)))
+
+
+def attention_ops(h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True) -> tuple[Op, ...]:
+    """Megatron's attention block as kernels: layer norm, QKV projection (column-parallel), flash attention (heads
+    split), output projection (row-parallel), bias + dropout + residual. A cross-attention block projects Q from the
+    decoder's s tokens and K, V from the encoder's kv_seq positions, unmasked."""
+    if kv_seq is None:
+        projections: tuple[Op, ...] = (GemmOp("qkv", s, 3 * h, h, "n", e),)
+        core = AttentionOp("flash_attention", a, h // a, s, s, causal, e)
+    else:
+        projections = (GemmOp("q", s, h, h, "n", e), GemmOp("kv", kv_seq, 2 * h, h, "n", e))
+        core = AttentionOp("flash_attention", a, h // a, s, kv_seq, False, e)
+    return (_layernorm(s, h, e), *projections, core, GemmOp("proj", s, h, h, "k", e), _bias_dropout_add(s, h, e))
+
+
+def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = None, causal: bool = True) -> Block:
+    """Self-attention (kv_seq None; causal for a decoder, not for a BERT-style encoder) or cross-attention over
+    kv_seq encoder positions, with its layernorm."""
     e = p.act_bytes
     if kv_seq is None:
-        flops = 8 * s * h * h + 4 * s * s * h
-        io = e * (8 * s * h + 2 * a * s * s)
         op, shape = "attention", (("h", h), ("heads", a), ("seq", s))
     else:
-        flops = 4 * s * h * h + 4 * kv_seq * h * h + 4 * s * kv_seq * h
-        io = e * (6 * s * h + 2 * kv_seq * h + 2 * a * s * kv_seq)
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
     # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
     bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
     return Block(
         op=op,
         shape=shape,
-        fwd_flops=float(flops),
         params=4 * h * h + 4 * h + 2 * h,
         replicated_params=3 * h,  # LayerNorm (2h) and the row-parallel output bias (h) stay whole on every rank
-        io_bytes=float(io),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(bwd_bytes),
+        ops=attention_ops(h, a, s, e, kv_seq, causal),
+    )
+
+
+def mlp_ops(h: int, f: int, s: int, e: int) -> tuple[Op, ...]:
+    """Megatron's MLP block as kernels: layer norm, h -> f projection (column-parallel), fused bias + GeLU on the
+    split f features, f -> h projection (row-parallel), bias + dropout + residual."""
+    return (
+        _layernorm(s, h, e),
+        GemmOp("fc1", s, f, h, "n", e),
+        MemoryOp("bias_gelu", float(2 * s * f * e), tp="shard"),
+        GemmOp("fc2", s, h, f, "k", e),
+        _bias_dropout_add(s, h, e),
     )
 
 
@@ -71,13 +110,12 @@ def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
     return Block(
         op="mlp",
         shape=(("h", h), ("ffn", f), ("seq", s)),
-        fwd_flops=float(4 * s * h * f),
         params=2 * h * f + f + h + 2 * h,
         replicated_params=3 * h,  # LayerNorm and the second projection's bias
-        io_bytes=float(e * (4 * s * h + 4 * s * f)),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(s * h * e),
+        ops=mlp_ops(h, f, s, e),
     )
 
 
@@ -90,9 +128,10 @@ def transformer_layer(
     p: Precision,
     inputs: tuple[str, ...] | None = None,
     cross_kv_seq: int | None = None,
+    causal: bool = True,
 ) -> Layer:
     """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split."""
-    blocks = [attention_block(h, a, s, p)]
+    blocks = [attention_block(h, a, s, p, causal=causal)]
     scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
     saved, saved_sharded = 10 * s * h * scale, (24 * s * h + 5 * a * s * s) * scale
     if cross_kv_seq is not None:
@@ -110,20 +149,71 @@ def transformer_layer(
     )
 
 
+def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) -> tuple[Op, ...]:
+    """Megatron's VocabParallelEmbedding as kernels: every tp rank gathers (masked) rows for all s tokens, so the
+    gather is replicated; then the position add and the embedding dropout (2 s h FLOPs). Backward scatters the
+    gradient rows (PyTorch's embedding_dense_backward: sort, segment sums, scatter) into a dense vocab/tp x h weight
+    gradient that is zero-filled and accumulated into the fp32 main gradient every micro-batch: (e + e + 4 + 4) bytes
+    per weight, whatever the micro-batch size."""
+    touched = 3 * e + 1 if positions else 2 * e + 1  # gathered (+ position) rows read; sum, 1-byte mask written
+    return (
+        MemoryOp("embedding_gather", float(2 * s * h * e), bwd_factor=1.0, bwd_kernels=5),
+        MemoryOp(
+            "embedding_weight_grad",
+            0.0,
+            tp="shard",
+            kernels=0,
+            bwd_kernels=2,
+            bwd_fixed_bytes=float(vocab * h * (2 * e + 8)),
+        ),
+        MemoryOp("position_add_dropout", float(s * h * touched), flops=float(2 * s * h)),
+    )
+
+
 def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positions: bool = True) -> Layer:
     """Vocabulary-parallel embedding: params split over tp, one all-reduce of the output in forward."""
     e = p.act_bytes
     block = Block(
         op="embedding",
         shape=(("vocab", vocab), ("h", h), ("seq", s), ("positions", int(positions))),
-        fwd_flops=float(2 * s * h),
         params=vocab * h + (s * h if positions else 0),
         replicated_params=s * h if positions else 0,  # learned position embeddings are not vocab-split
-        io_bytes=float(3 * s * h * e),
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
+        ops=embedding_ops(vocab, h, s, e, positions),
     )
     return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h), inputs=())
+
+
+def lm_head_ops(vocab: int, h: int, s: int, e: int) -> tuple[Op, ...]:
+    """Final layer norm, the logits GEMM (column-parallel over the vocabulary) and Megatron's vocab-parallel fp32
+    cross-entropy (megatron/mpu/cross_entropy.py, on ``output.float()``) on the split vocabulary. Its forward passes
+    over the s x vocab/tp logits: element-wise, the cast to fp32 (e read, 4 written), subtract the max (8), exp (8)
+    and divide by the sum to keep the softmax for backward (8), 24 + e bytes per logit in 4 kernels; row reductions,
+    the max and the sum (4 each), in 2 kernels plus 2 small ones (the target logit, the loss). Backward scales the
+    kept softmax by the loss gradient (8) and casts it back (4 + e), 12 + e bytes per logit in 4 kernels."""
+    elementwise, reductions = 24 + e, 8
+    return (
+        _layernorm(s, h, e),
+        GemmOp("logits", s, vocab, h, "n", e),
+        MemoryOp(
+            "cross_entropy",
+            float(s * vocab * elementwise),
+            tp="shard",
+            kernels=4,
+            bwd_kernels=4,
+            bwd_factor=(12 + e) / elementwise,
+        ),
+        MemoryOp(
+            "cross_entropy_max_sum",
+            float(s * vocab * reductions),
+            tp="shard",
+            reduction=True,
+            kernels=4,
+            bwd_kernels=0,
+            bwd_factor=0.0,
+        ),
+    )
 
 
 def lm_head_layer(
@@ -145,11 +235,10 @@ def lm_head_layer(
     block = Block(
         op="lm_head",
         shape=(("vocab", vocab), ("h", h), ("seq", s)),
-        fwd_flops=float(2 * s * h * vocab),
         params=vocab * h + 2 * h,
         replicated_params=2 * h,  # the final LayerNorm
-        io_bytes=float(e * (2 * s * h) + 4 * s * vocab),
         tp="shard",
+        ops=lm_head_ops(vocab, h, s, e),
         tp_fwd_allreduce_bytes=float(3 * s * 4),
         tp_bwd_allreduce_bytes=float(s * h * e),
     )
@@ -180,13 +269,15 @@ def decoder_only(
     f: int | None = None,
     precision: Precision = FP16_MIXED,
     description: str = "",
+    causal: bool = True,
 ) -> Model:
-    """GPT-style (or BERT-style encoder-only) stack: embedding, N layers, LM head."""
+    """GPT-style (or BERT-style encoder-only, causal=False: bidirectional attention) stack: embedding, N layers,
+    LM head."""
     check_dims({"layers": layers, "hidden": h, "heads": a, "seq": s, "vocab": vocab, "ffn": f}, f"model {name}")
     f = f or 4 * h
     v = pad_vocab(vocab)
     body = [embedding_layer("embedding", v, h, s, precision)]
-    body += [transformer_layer(f"layer{i}", h, a, s, f, precision) for i in range(layers)]
+    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal) for i in range(layers)]
     body.append(lm_head_layer("lm_head", v, h, s, precision))
     return Model(
         name=name,
@@ -223,7 +314,7 @@ def encoder_decoder(
         )
     v = pad_vocab(vocab)
     body = [embedding_layer("enc_embedding", v, h, enc_seq, precision, positions=False)]
-    body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision) for i in range(enc_layers)]
+    body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision, causal=False) for i in range(enc_layers)]
     enc_out = body[-1].name
     dec_emb = embedding_layer("dec_embedding", v, h, dec_seq, precision, positions=False)
     body.append(replace(dec_emb, tied_to="enc_embedding"))

@@ -32,12 +32,16 @@ class ZooEntry:
     """Overrides a spec may give, e.g. seq, layers, precision."""
 
 
-def _decoder(name: str, layers: int, h: int, heads: int, seq: int, vocab: int, source: str) -> ZooEntry:
+def _decoder(
+    name: str, layers: int, h: int, heads: int, seq: int, vocab: int, source: str, causal: bool = True
+) -> ZooEntry:
+    """A decoder-only (GPT, causal attention) or encoder-only (BERT, causal=False) stack."""
+
     def build(**kw: Any) -> Model:
         precision = kw.get("precision", PRECISIONS["fp16-mixed"])
         return decoder_only(
             name, kw.get("layers", layers), kw.get("hidden", h), kw.get("heads", heads), kw.get("seq", seq),
-            kw.get("vocab", vocab), source=source, f=kw.get("ffn"), precision=precision,
+            kw.get("vocab", vocab), source=source, f=kw.get("ffn"), precision=precision, causal=causal,
         )  # fmt: skip
 
     return ZooEntry(build, "transformer", _DECODER_KEYS)
@@ -63,9 +67,11 @@ def _cnn(fn: Callable[..., Model], family: str = "cnn") -> ZooEntry:
 
 _ZOO: dict[str, ZooEntry] = {
     "bert-large": _decoder("bert-large", 24, 1024, 16, 512, 30522,
-                           "Devlin et al. 2019, BERT-Large (L=24, H=1024, A=16); seq 512 as in DistSim/Megatron-LM"),
+                           "Devlin et al. 2019, BERT-Large (L=24, H=1024, A=16); seq 512 as in DistSim/Megatron-LM",
+                           causal=False),
     "bert-exlarge": _decoder("bert-exlarge", 48, 1024, 16, 512, 30522,
-                             "DistSim (CF'23) Sec. 6: BERT with 48 transformer layers (DAPPLE's BERT-48, 640M)"),
+                             "DistSim (CF'23) Sec. 6: BERT with 48 transformer layers (DAPPLE's BERT-48, 640M)",
+                             causal=False),
     "gpt2-345m": _decoder("gpt2-345m", 24, 1024, 16, 1024, 50257,
                           "Radford et al. 2019 GPT-2 medium; Megatron-LM's 345M config (24 x 1024, 16 heads)"),
     "t5-base": ZooEntry(_t5, "transformer (encoder-decoder)", _T5_KEYS),
