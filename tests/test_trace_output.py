@@ -195,7 +195,7 @@ def test_a_pftrace_decodes_to_the_tracks_and_slices_of_the_json(timeline: Timeli
         assert len(trace["processes"]) == gpus
         assert set(trace["processes"].values()) == {e["args"]["name"] for e in events if e["name"] == "process_name"}
         streams = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
-        assert len(trace["tracks"]) == len(streams) == gpus * 4
+        assert len(trace["tracks"]) == len(streams) == gpus * 5  # host, compute, tp, p2p, dp
         assert sorted(t for _, t in trace["tracks"].values()) == sorted(streams)
         want = sorted(_json_slices(events), key=lambda s: (s[0], s[4], s[1]))
         got = sorted(trace["slices"], key=lambda s: (s[0], s[4], s[1]))
@@ -236,8 +236,8 @@ def test_a_warning_before_a_trace_too_big_for_the_ui(timeline: Timeline, tmp_pat
         low, high = (0.5, 2.0) if name.endswith(".gz") else (0.9, 1.1)  # gzip: from one sample's ratio
         assert low < est.bytes / written < high, (name, est.bytes, written)
     assert len(lines) == 3
-    assert "3,320 events" in lines[0] and "t.pftrace" in lines[0] and "t.json.gz" in lines[0]
-    assert "dropping --all-gpus (830 events" in lines[0]
+    assert "3,464 events" in lines[0] and "t.pftrace" in lines[0] and "t.json.gz" in lines[0]
+    assert "dropping --all-gpus (866 events" in lines[0]
     assert "t.pftrace" in lines[1] and "trace_processor --httpd" in lines[2]
     write_chrome_trace(tmp_path / "t.json", timeline, "t", expand=True, report=lines.append)
     assert len(lines) == 3  # below the default threshold: quiet
@@ -246,7 +246,7 @@ def test_a_warning_before_a_trace_too_big_for_the_ui(timeline: Timeline, tmp_pat
 def test_progress_is_reported_in_events(timeline: Timeline, tmp_path: Path) -> None:
     calls: list[tuple[int, int]] = []
     write_chrome_trace(tmp_path / "t.pftrace", timeline, "t", expand=True, progress=lambda d, t: calls.append((d, t)))
-    assert calls[-1] == (3320, 3320)
+    assert calls[-1] == (3464, 3464)
 
 
 @pytest.mark.parametrize("name", ["t.json", "t.json.gz", "t.pftrace"])
@@ -285,7 +285,7 @@ def test_simulate_writes_every_format_for_every_gpu(tmp_path: Path, capsys: pyte
         assert code == 0, err
         assert "warning" not in err and "written" not in err  # small and quick: no warning, no progress
     trace = _decode_trace((tmp_path / "s.pftrace").read_bytes())
-    assert len(trace["slices"]) == len([e for e in _events(tmp_path / "s.json") if e["ph"] == "X"]) == 3320
+    assert len(trace["slices"]) == len([e for e in _events(tmp_path / "s.json") if e["ph"] == "X"]) == 3464
     assert _events(tmp_path / "s.json") == _events(tmp_path / "s.json.gz")
 
 
