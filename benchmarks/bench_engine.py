@@ -19,7 +19,7 @@ from machine import describe
 
 from distsim import FlowOptions, Strategy, engine, get_cluster, get_model, simulate
 from distsim.costs import AnalyticCosts
-from distsim.strategy_flow import build_flow
+from distsim.flow.uniform import build_flow
 
 
 def median_time(fn, repeats: int) -> float:

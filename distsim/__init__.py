@@ -17,7 +17,7 @@ from __future__ import annotations
 from distsim.cluster import Cluster, get_cluster
 from distsim.costs import AnalyticCosts, ProfileCosts
 from distsim.errors import DistsimError
-from distsim.events import FlowOptions
+from distsim.flow.events import FlowOptions
 from distsim.models import Model, get_model
 from distsim.plan import Plan, StagePlan
 from distsim.schedules import Schedule, build_schedule, format_grid

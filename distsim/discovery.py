@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.errors import DistsimError
-from distsim.events import FlowOptions
+from distsim.flow.events import FlowOptions
+from distsim.flow.uniform import build_flow
 from distsim.models.graph import Model
 from distsim.strategy import Strategy
-from distsim.strategy_flow import build_flow
 
 
 @dataclass

@@ -15,12 +15,12 @@ from distsim import engine
 from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, CostSource
 from distsim.errors import DistsimError
-from distsim.events import EventFlow, FlowOptions
+from distsim.flow.events import EventFlow, FlowOptions
+from distsim.flow.uniform import build_flow, estimate_tasks
 from distsim.memory import MemoryEstimate, estimate_memory
 from distsim.models.graph import Model
 from distsim.plan import Plan
 from distsim.strategy import Strategy
-from distsim.strategy_flow import build_flow, estimate_tasks
 from distsim.timeline import GPUStats, Timeline, flow_stats, from_flow
 
 
@@ -216,7 +216,7 @@ def estimate_size(
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options, target = _resolve(strategy, options or FlowOptions(), samples)
     if isinstance(target, Plan):
-        from distsim.plan_flow import estimate_plan_tasks
+        from distsim.flow.stages import estimate_plan_tasks
 
         tasks = estimate_plan_tasks(model, cluster, target, costs, replace(options, symmetric=False))
     else:
@@ -282,7 +282,7 @@ def simulate(
     options, target = _resolve(strategy, options, samples)
     plan = target if isinstance(target, Plan) else None
     if plan is not None:
-        from distsim.plan_flow import build_plan_flow
+        from distsim.flow.stages import build_plan_flow
 
         flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
         strategy = flow.strategy

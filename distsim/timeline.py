@@ -185,7 +185,7 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
 def _slot_rows(flow: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(task index, gpu, stream) of every timeline row of a flow: one per (gpu, stream) slot of every task but the
     interference shadows."""
-    from distsim.events import KINDS
+    from distsim.flow.events import KINDS
 
     shadow = KINDS.index("interference")
     slots = [x if k != shadow else () for x, k in zip(flow.slots, flow.kind, strict=True)]  # shadows: no rows
@@ -198,7 +198,7 @@ def _slot_rows(flow: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, list[GPUStats]]:
     """The iteration time and per-GPU stats of an executed flow, equal to those of :func:`from_flow`'s timeline."""
-    from distsim.events import KINDS
+    from distsim.flow.events import KINDS
 
     idx, gpu, _ = _slot_rows(flow)
     compute = np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in COMPUTE_KINDS])
@@ -212,7 +212,7 @@ def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[flo
 
 def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
     """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
-    from distsim.events import KINDS, STREAMS
+    from distsim.flow.events import KINDS, STREAMS
 
     idx, gpu, stream = _slot_rows(flow)
     kind = np.asarray(flow.kind, dtype=np.int8)[idx]

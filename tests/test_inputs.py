@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import Strategy, simulate
-from distsim.events import FlowOptions
+from distsim.flow.events import FlowOptions
 from distsim.models import Model
 from distsim.plan import Plan, StagePlan
 from distsim.simulate import SimulationTooLarge, estimate_size

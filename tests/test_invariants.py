@@ -205,8 +205,8 @@ def test_symmetric_and_full_simulation_agree(sc: Scenario) -> None:
 @given(scenarios())
 def test_chains_emit_exactly_the_tasks_of_the_op_by_op_builder(sc: Scenario) -> None:
     """A rank simulated by one GPU emits its templates as chains; op by op gives the very same flow."""
-    import distsim.strategy_flow as strategy_flow
-    from distsim.strategy_flow import build_flow
+    import distsim.flow.uniform as strategy_flow
+    from distsim.flow.uniform import build_flow
 
     options = sc.options
     costs = InterferingCosts(sc.cluster, slowdowns=sc.interference, launch_s=sc.launch_s)

@@ -61,8 +61,8 @@ def execute(**kw: Any) -> None:
           --out traces/gpt2.json
     On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
     """
-    from distsim.events import resolve_partition
     from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
+    from distsim.flow.events import resolve_partition
     from distsim.launch import Emulation
     from distsim.strategy import Strategy, check_strategy
 

@@ -181,7 +181,7 @@ def simulate(**kw: Any) -> None:
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
     from distsim.costs import ProfileCosts
-    from distsim.events import FlowOptions
+    from distsim.flow.events import FlowOptions
     from distsim.simulate import simulate as run_simulation
     from distsim.strategy import Strategy
 

@@ -17,7 +17,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     the load warnings the profile recorded while it was measured."""
     from distsim.costs import AnalyticCosts, ProfileCosts
     from distsim.errors import ProfileError
-    from distsim.events import FlowOptions
+    from distsim.flow.events import FlowOptions
     from distsim.io import load_cluster, load_model, load_profile, load_trace
     from distsim.machine_load import recorded_warnings
     from distsim.simulate import simulate

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, ComputeEvent
-from distsim.events import resolve_partition
+from distsim.flow.events import resolve_partition
 from distsim.models.graph import Block, Model
 from distsim.profiler.blocks import TPComm, build_block, can_build, torch_dtype
 from distsim.profiler.compute import FIRST_SLEEP_S, SLEEP_MARGIN, SLEEP_PAD_S, FedTimer, evict_bytes

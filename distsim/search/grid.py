@@ -22,7 +22,7 @@ import pandas as pd
 from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, CostSource
 from distsim.errors import DistsimError
-from distsim.events import FlowOptions, resolve_partition
+from distsim.flow.events import FlowOptions, resolve_partition
 from distsim.memory import estimate_memory
 from distsim.models.graph import Model
 from distsim.schedules import build_schedule

@@ -10,21 +10,21 @@ hold them, and every replica then takes its optimizer step.
 The schedule is the uniform one (GPipe or DAPPLE's early backward over S stages); every replica of a stage runs it
 in lock step on its own slice. The flow is emitted with the uniform builder's conventions (unit-time order, ops
 outer and replicas inner, the same communication helpers), so a plan with equal widths placed as Megatron-LM would
-place the uniform strategy produces the same iteration as :func:`distsim.strategy_flow.build_flow`. Every GPU is
+place the uniform strategy produces the same iteration as :func:`distsim.flow.uniform.build_flow`. Every GPU is
 simulated (replicas of different widths are not symmetric).
 """
 
 from __future__ import annotations
 
 from distsim.cluster import Cluster
-from distsim.comm_writer import CommWriter, models_host
 from distsim.costs import CostSource
-from distsim.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
+from distsim.flow.comm import CommWriter, models_host
+from distsim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
+from distsim.flow.uniform import launch_offsets, overlap_shadows
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
 from distsim.plan import Plan, PlanError, check_plan
 from distsim.schedules import Action, build_schedule
-from distsim.strategy_flow import launch_offsets, overlap_shadows
 
 
 def build_plan_flow(
@@ -127,7 +127,7 @@ class _PlanBuilder(CommWriter):
         self.finish()
 
     def action(self, a: Action) -> None:
-        """One schedule action on every replica of its stage, ops outer and replicas inner (as strategy_flow does)."""
+        """One schedule action on every replica of its stage, ops outer and replicas inner (as the uniform one)."""
         flow, s, mb = self.flow, a.stage, a.microbatch
         gpus = self.devices[s]
         wfbp = flow.strategy.grad_sync == "wfbp" and len(gpus) > 1 and a.op == "B" and self.last_b[s] == mb

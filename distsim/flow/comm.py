@@ -1,12 +1,12 @@
 """Placing communication in an event flow: streams and link queues, p2p transfers, gradient all-reduces with
-their overlap shadows, and the optimizer step after them. Both flow builders (:mod:`distsim.strategy_flow` and
-:mod:`distsim.plan_flow`) emit through it."""
+their overlap shadows, and the optimizer step after them. Both flow builders (:mod:`distsim.flow.uniform` and
+:mod:`distsim.flow.stages`) emit through it."""
 
 from __future__ import annotations
 
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, CostSource, optimizer_key
-from distsim.events import (
+from distsim.flow.events import (
     K_DP,
     K_LAUNCH,
     K_OPT,

@@ -35,9 +35,9 @@ is running it is delayed by that share, where the stream idles it costs nothing.
 fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
 simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
 
-This module holds the flow's types and the tensor-parallel level (stage templates); :mod:`distsim.strategy_flow`
-builds the flow of a strategy (pipeline and data-parallel levels), :mod:`distsim.plan_flow` the flow of a stages
-plan, and :mod:`distsim.comm_writer` places the communication both emit.
+This module holds the flow's types and the tensor-parallel level (stage templates); :mod:`distsim.flow.uniform`
+builds the flow of a strategy (pipeline and data-parallel levels), :mod:`distsim.flow.stages` the flow of a stages
+plan, and :mod:`distsim.flow.comm` places the communication both emit.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The event flow of a strategy (tp x pp x dp on a cluster): the pipeline and data-parallel levels of DistSim's
-hierarchical construction (see :mod:`distsim.events` for the flow's model, its tensor-parallel level and its types).
+hierarchical construction (:mod:`distsim.flow.events` has the flow's model, its tensor-parallel level and its types).
 
 :func:`build_flow` walks the schedule in unit-time order and emits every action on every simulated replica (one GPU
 per pipeline rank when the replicas are symmetric), then the gradient synchronisation and optimizer step;
@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from distsim.cluster import Cluster
-from distsim.comm_writer import CommWriter, models_host
 from distsim.costs import CostSource
-from distsim.events import (
+from distsim.flow.comm import CommWriter, models_host
+from distsim.flow.events import (
     K_TP,
     S_COMPUTE,
     S_TP,
