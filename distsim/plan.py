@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from distsim.cluster import MAX_GPUS
 from distsim.errors import DistsimError
+from distsim.flow.sync import DDP_BUCKET_CAP_MB
 from distsim.strategy import Strategy
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ class Plan:
     warmup_policy: str = "A"
     max_in_flight: int | None = None
     grad_sync: str = "bulk"
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    """Stages form: DDP's bucket size in MiB (grad_sync ddp)."""
+    grad_groups: tuple[tuple[int, int], ...] = ()
+    """Stages form: a merge plan's layer ranges (grad_sync mgwfbp); empty: planned when simulated."""
     note: dict[str, object] = field(default_factory=dict, compare=False)
     """Free-form provenance written by the driver that made the plan (its name, its own estimate)."""
 
@@ -112,6 +117,8 @@ class Plan:
             warmup_policy=self.warmup_policy,
             max_in_flight=self.max_in_flight,
             grad_sync=self.grad_sync,
+            bucket_cap_mb=self.bucket_cap_mb,
+            grad_groups=self.grad_groups,
         )
 
     def notation(self) -> str:
@@ -186,7 +193,7 @@ def plan_from_strategy(strategy: Strategy, model: str, cluster: str, nodes: int 
 # ------------------------------------------------------------------------------------------------- file form
 _TOP_KEYS = {
     "model", "cluster", "nodes", "strategy", "stages", "micro_batches", "micro_batch_size", "schedule", "policy",
-    "max_in_flight", "grad_sync", "note",
+    "max_in_flight", "grad_sync", "bucket_cap_mb", "gradient_groups", "note",
 }  # fmt: skip
 
 
@@ -207,6 +214,10 @@ def plan_to_dict(plan: Plan) -> dict[str, object]:
             out["max_in_flight"] = plan.max_in_flight
         if plan.grad_sync != "bulk":
             out["grad_sync"] = plan.grad_sync
+        if plan.bucket_cap_mb != DDP_BUCKET_CAP_MB:
+            out["bucket_cap_mb"] = plan.bucket_cap_mb
+        if plan.grad_groups:
+            out["gradient_groups"] = [list(g) for g in plan.grad_groups]
         out["stages"] = [{"layers": list(s.layers), "devices": format_devices(s.devices)} for s in plan.stages]
     if plan.note:
         out["note"] = dict(plan.note)
@@ -266,6 +277,24 @@ def _int(data: dict[str, object], key: str, where: str, default: int | None) -> 
     return value
 
 
+def _number(data: dict[str, object], key: str, where: str, default: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise PlanError(f"{where}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _groups(value: object, where: str) -> tuple[tuple[int, int], ...]:
+    """gradient_groups: a list of [start, end) layer ranges."""
+    ok = isinstance(value, list) and all(
+        isinstance(g, list) and len(g) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in g)
+        for g in value
+    )
+    if not ok:
+        raise PlanError(f"{where}: gradient_groups must be a list of [start, end] layer ranges, got {value!r}")
+    return tuple((g[0], g[1]) for g in value)  # type: ignore[index, union-attr]
+
+
 def plan_from_dict(data: object, where: str) -> Plan:
     """Read a plan mapping (see the module docstring); errors name the file and the key."""
     if not isinstance(data, dict):
@@ -285,7 +314,7 @@ def plan_from_dict(data: object, where: str) -> Plan:
         raise PlanError(f"{where}: give either strategy (uniform degrees) or stages (layer ranges and devices)")
     if "strategy" in data:
         extra = sorted(set(data) & {"micro_batches", "micro_batch_size", "schedule", "policy", "max_in_flight",
-                                    "grad_sync"})  # fmt: skip
+                                    "grad_sync", "bucket_cap_mb", "gradient_groups"})  # fmt: skip
         if extra:
             raise PlanError(f"{where}: {extra[0]} belongs in the strategy string of a uniform plan")
         text = data["strategy"]
@@ -324,6 +353,8 @@ def plan_from_dict(data: object, where: str) -> Plan:
             warmup_policy=str(policy),
             max_in_flight=_int(data, "max_in_flight", where, None),
             grad_sync=str(grad_sync),
+            bucket_cap_mb=_number(data, "bucket_cap_mb", where, DDP_BUCKET_CAP_MB),
+            grad_groups=_groups(data.get("gradient_groups", []), where),
             **common,  # type: ignore[arg-type]
         )
     except PlanError as exc:
@@ -347,5 +378,6 @@ def stages_plan(
         model=model, cluster=cluster.name, nodes=cluster.nodes, stages=stages,
         micro_batches=strategy.num_micro_batches, micro_batch_size=strategy.micro_batch_size * strategy.dp,
         schedule=strategy.schedule, warmup_policy=strategy.warmup_policy, max_in_flight=strategy.max_in_flight,
-        grad_sync=strategy.grad_sync, note=dict(note),
+        grad_sync=strategy.grad_sync, bucket_cap_mb=strategy.bucket_cap_mb, grad_groups=strategy.grad_groups,
+        note=dict(note),
     )  # fmt: skip

@@ -12,13 +12,13 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from distsim.errors import StrategyError
+from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES
 
 if TYPE_CHECKING:
     from distsim.cluster import Cluster
     from distsim.models.graph import Model
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-GRAD_SYNC_MODES = ("bulk", "wfbp")
 WARMUP_POLICIES = ("A", "B")
 _SCHEDULE_ALIASES = {"dapple": "1f1b", "1f1b-interleaved": "interleaved", "interleaved-1f1b": "interleaved"}
 
@@ -48,7 +48,13 @@ class Strategy:
     max_in_flight: int | None = None
     """DAPPLE's D: most micro-batches a stage keeps in flight (1f1b); None means no limit beyond M."""
     grad_sync: str = "bulk"
-    """Data-parallel gradient sync: bulk (one all-reduce after backward, DistSim) or wfbp (per layer, overlapped)."""
+    """Data-parallel gradient synchronisation, a mode of :mod:`distsim.flow.sync`: bulk (one all-reduce after
+    backward, DistSim), wfbp (per layer, overlapped), ddp (PyTorch DDP's buckets), mgwfbp or mgwfbp-optimal
+    (MG-WFBP's merged layers)."""
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    """DDP's bucket size in MiB (ddp only)."""
+    grad_groups: tuple[tuple[int, int], ...] = ()
+    """A merge plan (mgwfbp modes): layer ranges [start, end), each all-reduced as one message; empty: planned."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches"):
@@ -59,8 +65,9 @@ class Strategy:
         if schedule not in SCHEDULES:
             raise StrategyError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         object.__setattr__(self, "schedule", schedule)
-        if self.grad_sync not in GRAD_SYNC_MODES:
-            raise StrategyError(f"unknown grad_sync {self.grad_sync!r}; choose bulk or wfbp")
+        if self.grad_sync not in MODES:
+            raise StrategyError(f"unknown grad_sync {self.grad_sync!r}; choose one of {', '.join(MODES)}")
+        self._check_grad_options()
         policy = str(self.warmup_policy).upper()
         if policy not in WARMUP_POLICIES:
             raise StrategyError(f"warm-up policy must be A or B, got {self.warmup_policy!r}")
@@ -78,6 +85,21 @@ class Strategy:
                 )
             if any(not isinstance(n, int) or n < 1 for n in part):
                 raise StrategyError(f"every stage of the partition needs at least one layer, got {part}")
+
+    def _check_grad_options(self) -> None:
+        cap = self.bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not (0 < cap < float("inf")):
+            raise StrategyError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
+        object.__setattr__(self, "bucket_cap_mb", float(cap))
+        groups = tuple((int(lo), int(hi)) for lo, hi in self.grad_groups)
+        object.__setattr__(self, "grad_groups", groups)
+        if groups and not self.grad_sync.startswith("mgwfbp"):
+            raise StrategyError(f"gradient groups are a merge plan of grad_sync mgwfbp, not {self.grad_sync}")
+        for (lo, hi), nxt in zip(groups, [*groups[1:], None], strict=False):
+            if not 0 <= lo < hi:
+                raise StrategyError(f"gradient group {lo}-{hi} is not a layer range [start, end) with start < end")
+            if nxt is not None and nxt[0] != hi:
+                raise StrategyError(f"gradient groups must be consecutive: {lo}-{hi} is followed by {nxt[0]}-{nxt[1]}")
 
     def _check_virtual_stages(self) -> None:
         v = self.virtual_stages
@@ -139,6 +161,10 @@ class Strategy:
             parts.append(f"D={self.max_in_flight}")
         if self.grad_sync != "bulk":
             parts.append(f"sync={self.grad_sync}")
+        if self.bucket_cap_mb != DDP_BUCKET_CAP_MB:
+            parts.append(f"cap={self.bucket_cap_mb:g}")
+        if self.grad_groups:
+            parts.append("groups=" + "/".join(f"{lo}-{hi}" for lo, hi in self.grad_groups))
         if self.partition is not None:
             parts.append("partition=" + ":".join(map(str, self.partition)))
         return " ".join(parts)
@@ -188,6 +214,10 @@ _READABLE_KEYS = {
     "sync": "grad_sync",
     "grad_sync": "grad_sync",
     "partition": "partition",
+    "cap": "bucket_cap_mb",
+    "bucket_cap_mb": "bucket_cap_mb",
+    "groups": "grad_groups",
+    "grad_groups": "grad_groups",
 }
 _INT_FIELDS = {f.name for f in fields(Strategy) if f.type in ("int", "int | None")}
 
@@ -202,18 +232,36 @@ def _parse_readable(text: str) -> dict[str, object]:
         if not sep or field_name is None:
             raise StrategyError(
                 f"cannot read {item!r} in strategy {text!r}; expected key=value with key in "
-                f"tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, partition"
+                f"tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, partition"
             )
         try:
             if field_name == "partition":
                 out[field_name] = tuple(int(x) for x in re.split(r"[:/]", value))
+            elif field_name == "grad_groups":
+                out[field_name] = parse_groups(value)
+            elif field_name == "bucket_cap_mb":
+                out[field_name] = float(value)
             elif field_name in _INT_FIELDS:
                 out[field_name] = int(value)
             else:
                 out[field_name] = value
         except ValueError:
-            raise StrategyError(f"{key} must be an integer in strategy {text!r}, got {value!r}") from None
+            what = {"grad_groups": "layer ranges like 0-4/4-10", "bucket_cap_mb": "a number"}.get(
+                field_name, "an integer"
+            )
+            raise StrategyError(f"{key} must be {what} in strategy {text!r}, got {value!r}") from None
     return out
+
+
+def parse_groups(value: str) -> tuple[tuple[int, int], ...]:
+    """``0-4/4-10`` (layer ranges [start, end)) as ((0, 4), (4, 10)); ValueError on anything else."""
+    out = []
+    for part in filter(None, re.split(r"[/;]", value)):
+        lo, sep, hi = part.partition("-")
+        if not sep:
+            raise ValueError(part)
+        out.append((int(lo), int(hi)))
+    return tuple(out)
 
 
 def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
@@ -235,6 +283,9 @@ def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
             f"partition {':'.join(map(str, strategy.partition))} covers {sum(strategy.partition)} layers "
             f"but {model.name} has {layers}"
         )
+    if strategy.grad_groups and (strategy.grad_groups[0][0] != 0 or strategy.grad_groups[-1][1] != layers):
+        lo, hi = strategy.grad_groups[0][0], strategy.grad_groups[-1][1]
+        raise StrategyError(f"gradient groups cover layers {lo}-{hi} but {model.name} has layers 0-{layers}")
     problem = model.tp_problem(strategy.tp)
     if problem:
         raise StrategyError(problem)

@@ -87,7 +87,25 @@ STRATEGY_OPTIONS = (
     ("policy", "warmup_policy"),
     ("max_in_flight", "max_in_flight"),
     ("grad_sync", "grad_sync"),
+    ("bucket_cap_mb", "bucket_cap_mb"),
 )
+
+
+def grad_sync_options(default: str | None = None) -> Any:
+    """``--grad-sync`` (the modes of :mod:`distsim.flow.sync`, each explained) and ``--bucket-cap-mb``."""
+    from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES
+
+    modes = "; ".join(f"{name}: {mode.summary}" for name, mode in MODES.items())
+    shown = "" if default is not None else " [default: bulk]"
+
+    def decorate(f: Any) -> Any:
+        cap = f"DDP bucket size in MiB (--grad-sync ddp). [default: {DDP_BUCKET_CAP_MB:g}]"
+        f = click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=None, help=cap)(f)
+        return click.option("--grad-sync", type=click.Choice(list(MODES)), default=default,
+                            show_default=default is not None,
+                            help=f"Data-parallel gradient synchronisation. {modes}.{shown}")(f)  # fmt: skip
+
+    return decorate
 
 
 def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

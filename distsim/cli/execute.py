@@ -9,6 +9,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import (
+    grad_sync_options,
     invoked_command,
     load_costs,
     load_model_and_cluster,
@@ -31,7 +32,7 @@ from distsim.output import check_output
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
 @click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
-@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), help="bulk or per-layer overlapped. [default: bulk]")
+@grad_sync_options()
 @click.option("--partition", metavar="N:N:...", help="Layers per stage. [default: the simulator's balanced partition]")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Balance the partition with these measured costs (as simulate --profile would).")  # fmt: skip

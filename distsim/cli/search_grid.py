@@ -9,9 +9,19 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs, parse_schedules, write_trace
+from distsim.cli.common import (
+    GB,
+    TRACE_FORMATS,
+    Progress,
+    check_outputs,
+    grad_sync_options,
+    load_costs,
+    parse_schedules,
+    write_trace,
+)
 from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
+from distsim.flow.sync import DDP_BUCKET_CAP_MB
 
 
 @search.command()
@@ -24,8 +34,7 @@ from distsim.errors import DistsimError
 @click.option("--pp", "pp_text", metavar="LIST", help="Pipeline degrees to try. [default: all]")
 @click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
               help="Model chunks per rank for the interleaved schedule.")  # fmt: skip
-@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), default="bulk", show_default=True,
-              help="Gradient all-reduce: after backward (DistSim) or per layer, overlapped (WFBP).")  # fmt: skip
+@grad_sync_options("bulk")
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
@@ -81,6 +90,7 @@ def grid(**kw: Any) -> None:
         pp_degrees=opt_int_list(kw["pp_text"], "--pp"),
         virtual_stages=kw["virtual_stages"],
         grad_sync=kw["grad_sync"],
+        bucket_cap_mb=kw["bucket_cap_mb"] or DDP_BUCKET_CAP_MB,
         even_stages=not kw["uneven_stages"],
         memory_filter=not kw["ignore_memory"],
     )

@@ -14,6 +14,7 @@ from distsim.cli.common import (
     Progress,
     check_outputs,
     fmt_time,
+    grad_sync_options,
     load_costs,
     load_model_and_cluster,
     parse_stragglers,
@@ -86,12 +87,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
     help="DAPPLE 1F1B warm-up: A, K_i=min(S-i,D); B, K_i=min(2(S-i)-1,D). [default: A]",
 )
 @click.option("--max-in-flight", type=click.IntRange(min=1), help="DAPPLE's D: most micro-batches a stage holds.")
-@click.option(
-    "--grad-sync",
-    type=click.Choice(["bulk", "wfbp"]),
-    default=None,
-    help="Gradient all-reduce: bulk after backward (DistSim) or per layer overlapped (WFBP). [default: bulk]",
-)
+@grad_sync_options()
 @click.option("--partition", metavar="N:N:...", help="Layers per (virtual) stage, e.g. 23:25. [default: balanced]")
 @click.option(
     "--p2p",

@@ -21,6 +21,7 @@ from distsim.flow.events import (
     EventFlow,
     FlowOptions,
 )
+from distsim.flow.sync import Bucket, GradUnit, Lowered, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.models.graph import Model
 from distsim.placement import CommInstance
 from distsim.strategy import Strategy
@@ -96,6 +97,34 @@ class CommWriter:
         self.shadow(shadow, members, list(deps), stage, -1, key)
         self.last_dp.update(dict.fromkeys(members, tid))
         return tid
+
+    def lower_sync(self, held: set[int], tp: int, inst: CommInstance, backward_s: dict[int, float]) -> Lowered:
+        """The gradient synchronisation of a data-parallel rank holding layers `held` (tp shard `tp`), whose
+        gradients are all-reduced over `inst`: the strategy's mode lowered to buckets (:mod:`distsim.flow.sync`)."""
+        model, strategy = self.flow.model, self.flow.strategy
+        grad_bytes = model.precision.grad_bytes
+        units = tuple(
+            GradUnit(i, tensor_bytes(model.stored_tensors(i, held, tp), grad_bytes), backward_s.get(i, 0.0))
+            for i in sorted(held, reverse=True)
+        )
+        n, scope, sharers = len(inst.gpus), inst.scope, inst.sharers
+
+        def allreduce_s(nbytes: int) -> float:
+            return self.costs.comm(CommEvent("all_reduce", nbytes, n, scope, sharers)).seconds
+
+        db = getattr(self.costs, "db", None)  # a profile's alpha-beta fit of this all-reduce, where it has one
+        found = db.fit("all_reduce", scope, n) if db is not None else None
+        fit = (found.alpha_s, found.beta_s_per_byte) if found is not None else None
+        settings = SyncSettings(bucket_cap_mb=strategy.bucket_cap_mb, groups=strategy.grad_groups)
+        return lower(strategy.grad_sync, SyncContext(units, allreduce_s, fit, settings))
+
+    def bucket_name(self, bucket: Bucket, rank: int) -> str:
+        """``grads rank R`` (after backward), ``grads LAYER`` (one whole layer) or ``grads FIRST..LAST``."""
+        layers = self.flow.model.layers
+        if bucket.ready is None:
+            return f"grads rank {rank}"
+        first, last = bucket.layers[0], bucket.layers[-1]
+        return f"grads {layers[first].name}" if first == last else f"grads {layers[first].name}..{layers[last].name}"
 
     def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
         """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce. With the

@@ -20,7 +20,8 @@ from distsim.cluster import Cluster
 from distsim.costs import CostSource
 from distsim.flow.comm import CommWriter, models_host
 from distsim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
-from distsim.flow.uniform import launch_offsets, overlap_shadows
+from distsim.flow.sync import Bucket, Lowered
+from distsim.flow.uniform import bucket_bound, cut_before, launch_offsets, overlap_shadows
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
 from distsim.plan import Plan, PlanError, check_plan
@@ -55,7 +56,7 @@ def estimate_plan_tasks(
     check_plan(plan, model.num_layers, cluster.num_gpus)
     shadows = overlap_shadows(costs)
     send_tasks = 1 + (0 if options.p2p_blocking else shadows)
-    wfbp = plan.grad_sync == "wfbp"
+    strategy = plan.pipeline_strategy()
     total = 0
     for s, stage in enumerate(plan.stages):
         start, end = stage.layers
@@ -63,7 +64,8 @@ def estimate_plan_tasks(
         blocks = sum(len(model.layers[i].blocks) for i in range(start, end))
         total += plan.micro_batches * 2 * r * blocks + r  # forward and backward on every replica, optimizer step
         if r > 1:
-            total += (end - start if wfbp else 1) * (1 + (r * shadows if wfbp else 0))
+            during, after = bucket_bound(model, strategy, set(range(start, end)))
+            total += during * (1 + r * shadows) + after
         if s + 1 < len(plan.stages):
             total += plan.micro_batches * 2 * _transfers(plan, s, s + 1) * send_tasks
     widest = max(stage.replicas for stage in plan.stages)
@@ -96,6 +98,15 @@ class _PlanBuilder(CommWriter):
                     self.last_b[a.stage] = a.microbatch
         gpn = flow.cluster.gpus_per_node
         self.dp_group = [group_instances([tuple(d)], gpn)[0] for d in self.devices]
+        self.sync = [self._lower_sync(s) if len(self.devices[s]) > 1 else None for s in range(self.num_stages)]
+
+    def _lower_sync(self, s: int) -> Lowered:
+        """Stage s's gradient buckets over its replicas."""
+        lo, hi = self.slices[s][0]
+        backward: dict[int, float] = {}
+        for op in self.template(s, hi - lo)["B"]:
+            backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
+        return self.lower_sync(self.held[s], 1, self.dp_group[s], backward)
 
     def template(self, stage: int, samples: int) -> dict[str, list[StageOp]]:
         tpl = self.templates.get((stage, samples))
@@ -130,7 +141,8 @@ class _PlanBuilder(CommWriter):
         """One schedule action on every replica of its stage, ops outer and replicas inner (as the uniform one)."""
         flow, s, mb = self.flow, a.stage, a.microbatch
         gpus = self.devices[s]
-        wfbp = flow.strategy.grad_sync == "wfbp" and len(gpus) > 1 and a.op == "B" and self.last_b[s] == mb
+        lowered = self.sync[s]
+        cuts = lowered.cuts if lowered is not None and a.op == "B" and self.last_b[s] == mb else frozenset()
         lanes = []
         for i in range(len(gpus)):
             lo, hi = self.slices[s][i]
@@ -140,7 +152,7 @@ class _PlanBuilder(CommWriter):
         last = [-1] * len(gpus)
         ops0 = lanes[0][0]
         hosts: list[int] = []
-        offsets = [launch_offsets(ops, wfbp) for ops, _ in lanes] if self.host else []
+        offsets = [launch_offsets(ops, cuts) for ops, _ in lanes] if self.host else []
         for j, g in enumerate(gpus if self.host else []):  # the host waits for its data, then enqueues the kernels
             hosts.append(self.launch(g, offsets[j][1], list(lanes[j][1]), s, mb, f"launch {a}"))
         for idx in range(len(ops0)):
@@ -149,14 +161,16 @@ class _PlanBuilder(CommWriter):
                 op = ops[idx]
                 assert op.kind != K_TP  # stages plans have no tensor parallelism
                 deps = list(lanes[j][1]) if idx == 0 else [last[j]]
-                if hosts and (self.options.exact_host or idx == 0 or (wfbp and ops[idx - 1].layer != op.layer)
+                if hosts and (self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts)
                               or ops[idx - 1].dur * self.speed[g] < op.launch):  # fmt: skip
                     flow.release(hosts[j], len(flow), offsets[j][0][idx])
                 last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer, s, mb,
                                    op.key, deps)  # fmt: skip
             layer = ops0[idx].layer
-            if wfbp and (idx + 1 == len(ops0) or ops0[idx + 1].layer != layer):  # the layer is done
-                self.grad_allreduce(s, list(last), layer)
+            if layer in cuts and (idx + 1 == len(ops0) or ops0[idx + 1].layer != layer):  # a bucket is complete
+                assert lowered is not None
+                for bucket in lowered.by_layer[layer]:
+                    self.grad_allreduce(s, list(last), bucket)
         self.send(a, last)
 
     def send(self, a: Action, last: list[int]) -> None:
@@ -174,28 +188,19 @@ class _PlanBuilder(CommWriter):
             tid = self.p2p(inst, round(per_sample * shared), what, s, dst, a.microbatch, last[i])
             self.incoming.setdefault((dst, a.op, a.microbatch, j), []).append(tid)
 
-    def grad_allreduce(self, s: int, deps: list[int], layer: int = -1) -> None:
-        """The stage's gradients (one layer's with WFBP) all-reduced over its own replicas."""
-        model = self.flow.model
-        if len(self.devices[s]) < 2:
-            return
-        if layer >= 0:
-            shard = model.stored_params(layer, self.held[s], 1)
-            name = f"grads {model.layers[layer].name}"
-        else:
-            shard = model.rank_params(sorted(self.held[s]), 1)
-            name = f"grads rank {s}"
-        nbytes = round(shard * model.precision.grad_bytes)
-        if nbytes > 0:
-            overlap = layer >= 0 and layer != min(self.held[s])
-            self.allreduce(self.dp_group[s], nbytes, name, layer, s, deps, overlap)
+    def grad_allreduce(self, s: int, deps: list[int], bucket: Bucket) -> None:
+        """A gradient bucket of stage s all-reduced over the stage's own replicas."""
+        layer = -1 if bucket.ready is None else bucket.ready
+        overlap = layer >= 0 and layer != min(self.held[s])
+        self.allreduce(self.dp_group[s], bucket.nbytes, self.bucket_name(bucket, s), layer, s, deps, overlap)
 
     def finish(self) -> None:
-        """Per-stage gradient all-reduce (bulk mode), tied copies' all-reduce, then every replica's optimizer step."""
+        """Per-stage gradient all-reduce (buckets that wait for the whole backward), tied copies' all-reduce, then
+        every replica's optimizer step."""
         flow, model = self.flow, self.flow.model
-        if flow.strategy.grad_sync == "bulk":
-            for s, gpus in enumerate(self.devices):
-                self.grad_allreduce(s, [flow._last[(g, S_COMPUTE)] for g in gpus])
+        for s, lowered in enumerate(self.sync):
+            for bucket in lowered.at_end if lowered is not None else ():
+                self.grad_allreduce(s, [flow._last[(g, S_COMPUTE)] for g in self.devices[s]], bucket)
         stage_of = {i: s for s in range(self.num_stages) for i in self.held[s]}
         for i, layer in enumerate(model.layers):
             if layer.tied_to is None:

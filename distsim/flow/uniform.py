@@ -25,6 +25,7 @@ from distsim.flow.events import (
     resolve_partition,
     stage_templates,
 )
+from distsim.flow.sync import MODES, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
 from distsim.placement import CommInstance, Placement, parse_order
@@ -108,8 +109,11 @@ def estimate_tasks(
     per_micro_batch = dl * (2 * len(blocks) * tl + tp_collectives + sends)
     grads = 0
     if strategy.dp > 1:
-        wfbp = strategy.grad_sync == "wfbp"
-        grads = tl * (model.num_layers if wfbp else strategy.pp) * (1 + (dl * shadows if wfbp else 0))
+        stage_ranges = resolve_partition(model, strategy, costs)
+        for r in range(strategy.pp):
+            held = set(rank_layers(stage_ranges, strategy.pp, r))
+            during, after = bucket_bound(model, strategy, held)
+            grads += tl * (during * (1 + dl * shadows) + after)
     tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
     optimizer = strategy.pp * dl * tl
     if models_host(options, model, cluster, strategy, costs):  # a launch per action and per optimizer step
@@ -139,6 +143,16 @@ class _Builder(CommWriter):
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+        self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
+
+    def _lower_sync(self, r: int) -> Lowered:
+        """Pipeline rank r's gradient buckets (the same for every data-parallel replica and tp rank)."""
+        backward: dict[int, float] = {}
+        for vs in range(r, self.num_stages, self.pp):
+            for op in self.template(vs, self.lanes_d[0])["B"]:
+                backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
+        inst = self.placement.dp_groups(r)[self.lanes_t[0]]
+        return self.lower_sync(self.rank_layers[r], self.tp, inst, backward)
 
     def _last_backward_mb(self) -> dict[int, int]:
         last: dict[int, int] = {}
@@ -170,19 +184,19 @@ class _Builder(CommWriter):
     # ------------------------------------------------------------------------------------------------ pipeline
     def action(self, r: int, a: Action) -> None:
         """Emit one schedule action on every simulated replica of pipeline rank r."""
-        s = self.flow.strategy
-        wfbp = s.grad_sync == "wfbp" and self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        final = self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        cuts = self.sync[r].cuts if final else frozenset()
         if len(self.lanes_d) == 1 and len(self.lanes_t) == 1:
-            self._action_on_one_gpu(r, a, wfbp)
+            self._action_on_one_gpu(r, a, cuts)
         else:
-            self._action_on_lanes(r, a, wfbp)
+            self._action_on_lanes(r, a, cuts)
 
-    def _action_on_lanes(self, r: int, a: Action, wfbp: bool) -> None:
+    def _action_on_lanes(self, r: int, a: Action, cuts: frozenset[int]) -> None:
         """:meth:`action` op by op over the replicas (lanes) of rank r.
 
-        Ops are the outer loop and replicas the inner one, so that a layer's WFBP all-reduce (which spans the
-        replicas) is emitted as soon as every replica finished that layer's backward, before the next layer's
-        compute: its place in each stream's order is then where it is issued in a real run.
+        Ops are the outer loop and replicas the inner one, so that a gradient bucket's all-reduce (which spans the
+        replicas) is emitted as soon as every replica finished the backward of the layer that completes it, before
+        the next layer's compute: its place in each stream's order is then where it is issued in a real run.
         """
         flow, grid = self.flow, self.grid
         lanes = []
@@ -200,11 +214,11 @@ class _Builder(CommWriter):
         n_ops = len(ops0)
         hosts: list[list[int]] = []
         if self.host:  # each GPU's host waits for its received data, then enqueues the action's kernels
-            total = launch_offsets(ops0, wfbp)[1]
+            total = launch_offsets(ops0, cuts)[1]
             for _d, gpus, _ops, frontier, _last in lanes:
                 hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
                               for j, g in enumerate(gpus)])  # fmt: skip
-            ends = launch_offsets(ops0, wfbp)[0]
+            ends = launch_offsets(ops0, cuts)[0]
         for idx in range(n_ops):
             for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
@@ -213,34 +227,35 @@ class _Builder(CommWriter):
                     tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
                                    a.stage, a.microbatch, op.key, [x for x in last if x >= 0])  # fmt: skip
                     for j, g in enumerate(gpus):
-                        if hosts and self._constrained(ops, idx, g, wfbp):
+                        if hosts and self._constrained(ops, idx, g, cuts):
                             flow.release(hosts[lane][j], tid, ends[idx])
                     last[:] = [tid] * len(gpus)
                 else:
                     for j, g in enumerate(gpus):
                         deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
-                        if hosts and self._constrained(ops, idx, g, wfbp):
+                        if hosts and self._constrained(ops, idx, g, cuts):
                             flow.release(hosts[lane][j], len(flow), ends[idx])
                         last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
                                            a.stage, a.microbatch, op.key, list(deps))  # fmt: skip
             op = lanes[0][2][idx]
-            if wfbp and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # the layer is done
+            if op.layer in cuts and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # bucket complete
                 per_t = {t: [last[j] for _d, _g, _o, _f, last in lanes] for j, t in enumerate(self.lanes_t)}
-                self.grad_allreduce(r, a.stage, per_t, layer=op.layer)
+                for bucket in self.sync[r].by_layer[op.layer]:
+                    self.grad_allreduce(r, a.stage, per_t, bucket)
         for d, gpus, _ops, _frontier, last in lanes:
             self.send(r, a, d, gpus, last)
 
-    def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, per_layer: bool) -> bool:
+    def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, cuts: frozenset[int]) -> bool:
         """Whether op `idx` on GPU g needs its launch constraint (:attr:`Chain.launch_constrained`, op by op): the
         first op of its chain, or one whose launch outlasts the previous op."""
-        if self.options.exact_host or idx == 0 or (per_layer and ops[idx - 1].layer != ops[idx].layer):
+        if self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts):
             return True
         prev = ops[idx - 1]
         return (prev.dur if prev.kind == K_TP else prev.dur * self.speed[g]) < ops[idx].launch
 
-    def _action_on_one_gpu(self, r: int, a: Action, wfbp: bool) -> None:
+    def _action_on_one_gpu(self, r: int, a: Action, cuts: frozenset[int]) -> None:
         """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
-        the template's ops are one chain (split at layer ends for WFBP's per-layer all-reduce), emitted at once."""
+        the template's ops are one chain (split after the layers that complete a gradient bucket), emitted at once."""
         d, t = self.lanes_d[0], self.lanes_t[0]
         if a.op == "F":
             frontier = [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
@@ -249,7 +264,7 @@ class _Builder(CommWriter):
         else:
             frontier = []
         g = int(self.grid[r, d, t])
-        chains = self._chains(a.stage, d, a.op, g, wfbp)
+        chains = self._chains(a.stage, d, a.op, g, cuts)
         host, offset = None, 0.0
         if self.host:  # the host waits for the received data, then enqueues the action's kernels
             host = self.launch(g, sum(c.launch_s for c, _ in chains), list(frontier), a.stage, a.microbatch,
@@ -261,25 +276,28 @@ class _Builder(CommWriter):
                                        self.options.exact_host)  # fmt: skip
             offset += chain.launch_s
             if layer is not None:
-                self.grad_allreduce(r, a.stage, {t: [last]}, layer=layer)
+                for bucket in self.sync[r].by_layer[layer]:
+                    self.grad_allreduce(r, a.stage, {t: [last]}, bucket)
         self.send(r, a, d, [g], [last])
 
-    def _chains(self, vs: int, d: int, op: str, g: int, per_layer: bool) -> list[tuple[Chain, int | None]]:
-        """The template of (vs, op) on GPU g as chains: one, or one per layer (with the layer) for WFBP."""
-        key = (vs, d, op, g, per_layer)
+    def _chains(self, vs: int, d: int, op: str, g: int, cuts: frozenset[int]) -> list[tuple[Chain, int | None]]:
+        """The template of (vs, op) on GPU g as chains: one, or split after each layer in `cuts`, whose buckets are
+        then issued (with that layer)."""
+        key = (vs, d, op, g, cuts)
         out = self.chains.get(key)
         if out is None:
             ops = self.template(vs, d)[op]
             parts: list[list[StageOp]] = []
             for o in ops:
-                if not parts or (per_layer and parts[-1][-1].layer != o.layer):
+                if not parts or (parts[-1][-1].layer in cuts and parts[-1][-1].layer != o.layer):
                     parts.append([])
                 parts[-1].append(o)
             out = []
             for i, part in enumerate(parts):
                 slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind == K_TP and o.comm is not None
                          else (g, S_COMPUTE) for o in part]  # fmt: skip
-                out.append((Chain.of(part, slots, self.speed[g], i == 0), part[-1].layer if per_layer else None))
+                done = part[-1].layer if part[-1].layer in cuts else None
+                out.append((Chain.of(part, slots, self.speed[g], i == 0), done))
             self.chains[key] = out
         return out
 
@@ -304,22 +322,14 @@ class _Builder(CommWriter):
             self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
 
     # ------------------------------------------------------------------------------------------ data parallel
-    def grad_allreduce(self, r: int, vs_or_rank: int, per_t: dict[int, list[int]], layer: int = -1) -> list[int]:
-        """One all-reduce per tp rank over the replicas; returns the task ids."""
-        model = self.flow.model
-        if layer >= 0:
-            held = self.rank_layers[r]
-            shard = model.stored_params(layer, held, self.tp)
-            name, stage = f"grads {model.layers[layer].name}", vs_or_rank
-        else:
-            shard = self.rank_shard_params(r)
-            name, stage = f"grads rank {r}", vs_or_rank
-        nbytes = round(shard * model.precision.grad_bytes)
-        if nbytes <= 0:
-            return []
+    def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
+        """A gradient bucket's all-reduce, one per tp rank over the replicas; returns the task ids."""
+        name = self.bucket_name(bucket, r)
+        layer = -1 if bucket.ready is None else bucket.ready
         instances = self.placement.dp_groups(r)
         overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
-        return [self.allreduce(instances[t], nbytes, name, layer, stage, per_t[t], overlap) for t in self.lanes_t]
+        return [self.allreduce(instances[t], bucket.nbytes, name, layer, stage, per_t[t], overlap)
+                for t in self.lanes_t]  # fmt: skip
 
     def rank_shard_params(self, r: int) -> float:
         return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
@@ -327,16 +337,15 @@ class _Builder(CommWriter):
     def finish(self) -> None:
         """Gradient synchronisation that ends the iteration, then the optimizer step on every simulated GPU.
 
-        Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (bulk mode; WFBP issued its
-        all-reduces during backward), then the all-reduce of tied embedding copies between the first and last
-        pipeline ranks, then the optimizer step.
+        Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (buckets that wait for the
+        whole backward; the others were issued during it), then the all-reduce of tied embedding copies between the
+        first and last pipeline ranks, then the optimizer step.
         """
-        flow, s = self.flow, self.flow.strategy
-        last = flow._last
-        if self.dp > 1 and s.grad_sync == "bulk":
-            for r in range(self.pp):
+        last = self.flow._last
+        for r, lowered in enumerate(self.sync):
+            for bucket in lowered.at_end:
                 per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
-                self.grad_allreduce(r, r, per_t)
+                self.grad_allreduce(r, r, per_t, bucket)
         self.tied_allreduce()
         for r in range(self.pp):
             gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
@@ -369,15 +378,33 @@ class _Builder(CommWriter):
                     self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)
 
 
-def launch_offsets(ops: Sequence[StageOp], per_layer: bool) -> tuple[list[float], float]:
+def cut_before(ops: Sequence[StageOp], idx: int, cuts: frozenset[int]) -> bool:
+    """Whether a chain ends before op `idx`: the previous op ends a layer that completes a gradient bucket."""
+    return ops[idx - 1].layer in cuts and ops[idx - 1].layer != ops[idx].layer
+
+
+def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int]:
+    """(buckets issued during backward, buckets issued after it) for a rank holding `held`, without costs: exact
+    for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise."""
+    tensors = {i: tensor_bytes(model.stored_tensors(i, held, strategy.tp), model.precision.grad_bytes) for i in held}
+    units = tuple(GradUnit(i, tensors[i]) for i in sorted(held, reverse=True))
+    if MODES[strategy.grad_sync].planned and not strategy.grad_groups:
+        return sum(u.nbytes > 0 for u in units), 0
+    settings = SyncSettings(bucket_cap_mb=strategy.bucket_cap_mb, groups=strategy.grad_groups)
+    lowered = lower(strategy.grad_sync, SyncContext(units, lambda n: 0.0, None, settings))
+    return len(lowered.buckets) - len(lowered.at_end), len(lowered.at_end)
+
+
+def launch_offsets(ops: Sequence[StageOp], cuts: frozenset[int]) -> tuple[list[float], float]:
     """When each op's launch ends from the start of the host task that enqueues a template, and that task's
-    length: launches back to back, summed as the chains of :meth:`_Builder._chains` sum them (per layer with WFBP)."""
+    length: launches back to back, summed as the chains of :meth:`_Builder._chains` sum them (split after the
+    layers in `cuts`)."""
     ends: list[float] = []
     base = 0.0
     part: list[StageOp] = []
     for i, op in enumerate(ops):
         part.append(op)
-        if i + 1 == len(ops) or (per_layer and ops[i + 1].layer != op.layer):
+        if i + 1 == len(ops) or cut_before(ops, i + 1, cuts):
             within = list(accumulate(o.launch for o in part))
             ends += [base + x for x in within]
             base += within[-1]

@@ -86,6 +86,10 @@ class Block:
     """The kernels of the forward pass (:mod:`distsim.models.ops`), for the analytic cost model; empty: the block is
     costed as one roofline of ``fwd_flops`` and ``io_bytes``. With ops, ``fwd_flops`` and ``io_bytes`` are their sums
     (filled in when given as 0)."""
+    tensors: tuple[tuple[int, bool], ...] = ()
+    """The parameter tensors in the module's registration order: (elements, whether tensor parallelism splits it);
+    they sum to ``params``, the split ones to ``params - replicated_params``. Empty: one split tensor and one
+    replicated one (what the sums say). Gradient buckets (DDP's) are cut at tensor boundaries."""
 
     def __post_init__(self) -> None:
         if self.tp not in ("shard", "replicate", "none"):
@@ -99,6 +103,18 @@ class Block:
                 raise ModelFileError(f"block {self.op!r}: {name} must be a finite number >= 0, got {value!r}")
         if self.ops:
             self._fill_totals()
+        if self.tensors:
+            split = sum(n for n, is_split in self.tensors if is_split)
+            if sum(n for n, _ in self.tensors) != self.params or split != self.params - self.replicated_params:
+                raise ModelFileError(f"block {self.op!r}: its tensors do not add up to params and replicated_params")
+
+    def shard_tensors(self, tp: int) -> tuple[float, ...]:
+        """Elements of each parameter tensor one tp rank holds, in registration order."""
+        split = self.tp == "shard" and tp > 1
+        if self.tensors:
+            return tuple(n / tp if split and is_split else float(n) for n, is_split in self.tensors)
+        parts = (self.params - self.replicated_params) / (tp if split else 1), float(self.replicated_params)
+        return tuple(x for x in parts if x > 0)
 
     def _fill_totals(self) -> None:
         """fwd_flops and io_bytes are the sums over the ops: filled in when 0, checked otherwise."""
@@ -253,6 +269,20 @@ class Model:
         layer = self.layers[i]
         shard = layer.shard_params(tp)
         return shard if self.owns_params(i, on_rank) else shard - layer.tied_shard_params(tp)
+
+    def stored_tensors(self, i: int, on_rank: set[int] | range, tp: int) -> tuple[float, ...]:
+        """:meth:`stored_params` per parameter tensor, in registration order: a tied layer whose target is held
+        leaves out the shared tensor (or, when no tensor has exactly that size, scales them all down)."""
+        tensors = tuple(x for b in self.layers[i].blocks for x in b.shard_tensors(tp))
+        if self.owns_params(i, on_rank):
+            return tensors
+        shared = self.layers[i].tied_shard_params(tp)
+        for k, n in enumerate(tensors):
+            if math.isclose(n, shared, rel_tol=1e-12):
+                return tensors[:k] + tensors[k + 1 :]
+        total = sum(tensors)
+        keep = (total - shared) / total if total else 0.0
+        return tuple(n * keep for n in tensors if n * keep > 0)
 
     def rank_params(self, layer_indices: list[int], tp: int) -> float:
         """Parameters one tp shard of a pipeline rank holding these layers stores."""

@@ -23,6 +23,7 @@ from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, CostSource
 from distsim.errors import DistsimError
 from distsim.flow.events import FlowOptions, resolve_partition
+from distsim.flow.sync import DDP_BUCKET_CAP_MB
 from distsim.memory import estimate_memory
 from distsim.models.graph import Model
 from distsim.schedules import build_schedule
@@ -50,6 +51,8 @@ class GridSpec:
     virtual_stages: int = 2
     """Model chunks per rank for the interleaved schedule."""
     grad_sync: str = "bulk"
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    """DDP's bucket size in MiB (grad_sync ddp)."""
     even_stages: bool = True
     """Only pipeline degrees that divide the model's transformer layer count (Megatron-LM's rule)."""
     memory_filter: bool = True
@@ -247,6 +250,8 @@ def grid_search(
         model, cluster, spec.gpus, spec.global_batch, spec.micro_batch_sizes, spec.schedules, spec.virtual_stages,
         spec.grad_sync, spec.tp_degrees, spec.pp_degrees, spec.even_stages,
     )  # fmt: skip
+    if spec.bucket_cap_mb != DDP_BUCKET_CAP_MB:
+        strategies = [s.with_(bucket_cap_mb=spec.bucket_cap_mb) for s in strategies]
     if not strategies:
         reasons = Counter(k.reason for k in skipped).most_common(1)
         why = f"; most often: {reasons[0][0]}" if reasons else ""
