@@ -21,7 +21,7 @@ from distsim.flow.events import (
     EventFlow,
     FlowOptions,
 )
-from distsim.flow.sync import Bucket, GradUnit, Lowered, SyncContext, SyncSettings, lower, tensor_bytes
+from distsim.flow.sync import Bucket, GradUnit, SyncContext, SyncSettings, tensor_bytes
 from distsim.models.graph import Model
 from distsim.placement import CommInstance
 from distsim.strategy import Strategy
@@ -98,13 +98,17 @@ class CommWriter:
         self.last_dp.update(dict.fromkeys(members, tid))
         return tid
 
-    def lower_sync(self, held: set[int], tp: int, inst: CommInstance, backward_s: dict[int, float]) -> Lowered:
-        """The gradient synchronisation of a data-parallel rank holding layers `held` (tp shard `tp`), whose
-        gradients are all-reduced over `inst`: the strategy's mode lowered to buckets (:mod:`distsim.flow.sync`)."""
+    def sync_context(
+        self, held: set[int], tp: int, inst: CommInstance, backward_s: dict[int, float], chunk: dict[int, int]
+    ) -> SyncContext:
+        """A data-parallel rank holding layers `held` (tp shard `tp`, layer -> model chunk in `chunk`), whose
+        gradients are all-reduced over `inst`, as :mod:`distsim.flow.sync` sees it."""
         model, strategy = self.flow.model, self.flow.strategy
         grad_bytes = model.precision.grad_bytes
         units = tuple(
-            GradUnit(i, tensor_bytes(model.stored_tensors(i, held, tp), grad_bytes), backward_s.get(i, 0.0))
+            GradUnit(
+                i, tensor_bytes(model.stored_tensors(i, held, tp), grad_bytes), backward_s.get(i, 0.0), chunk.get(i, 0)
+            )
             for i in sorted(held, reverse=True)
         )
         n, scope, sharers = len(inst.gpus), inst.scope, inst.sharers
@@ -116,7 +120,7 @@ class CommWriter:
         found = db.fit("all_reduce", scope, n) if db is not None else None
         fit = (found.alpha_s, found.beta_s_per_byte) if found is not None else None
         settings = SyncSettings(bucket_cap_mb=strategy.bucket_cap_mb, groups=strategy.grad_groups)
-        return lower(strategy.grad_sync, SyncContext(units, allreduce_s, fit, settings))
+        return SyncContext(units, allreduce_s, fit, settings)
 
     def bucket_name(self, bucket: Bucket, rank: int) -> str:
         """``grads rank R`` (after backward), ``grads LAYER`` (one whole layer) or ``grads FIRST..LAST``."""

@@ -20,7 +20,7 @@ from distsim.cluster import Cluster
 from distsim.costs import CostSource
 from distsim.flow.comm import CommWriter, models_host
 from distsim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
-from distsim.flow.sync import Bucket, Lowered
+from distsim.flow.sync import Bucket, Lowered, lower
 from distsim.flow.uniform import bucket_bound, cut_before, launch_offsets, overlap_shadows
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
@@ -106,7 +106,8 @@ class _PlanBuilder(CommWriter):
         backward: dict[int, float] = {}
         for op in self.template(s, hi - lo)["B"]:
             backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
-        return self.lower_sync(self.held[s], 1, self.dp_group[s], backward)
+        ctx = self.sync_context(self.held[s], 1, self.dp_group[s], backward, {})
+        return lower(self.flow.strategy.grad_sync, ctx)
 
     def template(self, stage: int, samples: int) -> dict[str, list[StageOp]]:
         tpl = self.templates.get((stage, samples))

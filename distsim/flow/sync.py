@@ -45,6 +45,8 @@ class GradUnit:
     """Bytes of each parameter tensor's gradient, in the layer's parameter (registration) order."""
     backward_s: float = 0.0
     """The layer's backward time in its last micro-batch (planners weigh communication against it)."""
+    chunk: int = 0
+    """The model chunk (virtual stage) of the layer on its rank; merge planners never merge across chunks."""
 
     @property
     def nbytes(self) -> int:
@@ -273,17 +275,30 @@ class MgWfbp:
     exact: bool = False
 
     def buckets(self, ctx: SyncContext) -> tuple[Bucket, ...]:
+        return merged(ctx.units, self.unit_groups(ctx))
+
+    def unit_groups(self, ctx: SyncContext) -> list[list[GradUnit]]:
+        """The rank's units in merge groups, in backward order: the given layer groups, else planned per chunk."""
         if ctx.settings.groups:
             held = {u.layer for u in ctx.units}
             ranges = [(lo, hi) for lo, hi in ctx.settings.groups if any(lo <= x < hi for x in held)]
-            return merged(ctx.units, layer_groups(ctx.units, ranges))
-        return merged(ctx.units, self.plan(ctx))
+            return layer_groups(ctx.units, ranges)
+        out: list[list[GradUnit]] = []
+        start = 0
+        for end in range(1, len(ctx.units) + 1):
+            if end == len(ctx.units) or ctx.units[end].chunk != ctx.units[start].chunk:
+                out += self.plan(ctx, ctx.units[start:end])
+                start = end
+        return out
 
-    def plan(self, ctx: SyncContext) -> list[list[GradUnit]]:
-        """The merge groups of the rank's units, in backward order."""
+    def groups(self, ctx: SyncContext) -> list[tuple[int, int]]:
+        """The merge plan as layer ranges [lo, hi), what a plan file records."""
+        return [(min(u.layer for u in g), max(u.layer for u in g) + 1) for g in self.unit_groups(ctx)]
+
+    def plan(self, ctx: SyncContext, units: Sequence[GradUnit]) -> list[list[GradUnit]]:
+        """Merge groups of consecutive units (one chunk's, in backward order)."""
         from distsim import mgwfbp
 
-        units = ctx.units
         if not units:
             return []
         a, b = linear_cost(ctx)

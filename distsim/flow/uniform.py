@@ -122,6 +122,26 @@ def estimate_tasks(
     return strategy.num_micro_batches * per_micro_batch + grads + tied + optimizer
 
 
+def merge_groups(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The merge plan a planned gradient synchronisation (mgwfbp) makes for `strategy`, as the layer ranges a plan
+    file records: every pipeline rank's groups, in layer order."""
+    from distsim.flow.sync import MgWfbp
+
+    mode = MODES[strategy.grad_sync]
+    if not isinstance(mode, MgWfbp):
+        raise ValueError(f"grad_sync {strategy.grad_sync} makes no merge plan")
+    options = options or FlowOptions()
+    placement, symmetric = _placement(model, cluster, strategy, options)
+    flow = EventFlow(model, cluster, strategy, build_schedule(strategy), placement,
+                     resolve_partition(model, strategy, costs), symmetric, {})  # fmt: skip
+    builder = _Builder(flow, costs, options, [0], [0])
+    if strategy.dp == 1:
+        return ((0, model.num_layers),)
+    return tuple(sorted(g for r in range(strategy.pp) for g in mode.groups(builder.sync_context_of(r))))
+
+
 class _Builder(CommWriter):
     """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
 
@@ -147,12 +167,18 @@ class _Builder(CommWriter):
 
     def _lower_sync(self, r: int) -> Lowered:
         """Pipeline rank r's gradient buckets (the same for every data-parallel replica and tp rank)."""
+        return lower(self.flow.strategy.grad_sync, self.sync_context_of(r))
+
+    def sync_context_of(self, r: int) -> SyncContext:
+        """What gradient synchronisation sees of pipeline rank r: its layers, their backward times, its dp group."""
         backward: dict[int, float] = {}
+        chunk: dict[int, int] = {}
         for vs in range(r, self.num_stages, self.pp):
             for op in self.template(vs, self.lanes_d[0])["B"]:
                 backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
+                chunk[op.layer] = vs // self.pp
         inst = self.placement.dp_groups(r)[self.lanes_t[0]]
-        return self.lower_sync(self.rank_layers[r], self.tp, inst, backward)
+        return self.sync_context(self.rank_layers[r], self.tp, inst, backward, chunk)
 
     def _last_backward_mb(self) -> dict[int, int]:
         last: dict[int, int] = {}
