@@ -59,6 +59,17 @@ def _layer(draw: Any, i: int, tp_split: bool) -> dict[str, Any]:
     return layer
 
 
+def _grad_sync(draw: Any, n_layers: int) -> dict[str, Any]:
+    """A gradient synchronisation mode whose buckets do not depend on costs (so that monotonicity holds): bulk,
+    wfbp, ddp, or a given merge plan (mgwfbp with random consecutive layer groups)."""
+    mode = draw(st.sampled_from(["bulk", "wfbp", "ddp", "mgwfbp"]))
+    if mode != "mgwfbp":
+        return {"grad_sync": mode}
+    cuts = sorted(draw(st.sets(st.integers(1, n_layers - 1), max_size=n_layers - 1))) if n_layers > 1 else []
+    edges = [0, *cuts, n_layers]
+    return {"grad_sync": mode, "grad_groups": tuple(zip(edges[:-1], edges[1:], strict=True))}
+
+
 @st.composite
 def scenarios(draw: Any) -> Scenario:
     tp = draw(st.sampled_from([1, 1, 2]))
@@ -91,7 +102,7 @@ def scenarios(draw: Any) -> Scenario:
         micro_batch_size=draw(st.integers(1, 2)),
         schedule=schedule,
         warmup_policy=draw(st.sampled_from(["A", "B"])),
-        grad_sync=draw(st.sampled_from(["bulk", "wfbp"])),
+        **_grad_sync(draw, n_layers),
         max_in_flight=draw(st.sampled_from([None, 1, 2])) if schedule == "1f1b" else None,
     )
     host = draw(st.booleans())
