@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ def _grad_sync(draw: Any, n_layers: int) -> dict[str, Any]:
         return {"grad_sync": mode}
     cuts = sorted(draw(st.sets(st.integers(1, n_layers - 1), max_size=n_layers - 1))) if n_layers > 1 else []
     edges = [0, *cuts, n_layers]
-    return {"grad_sync": mode, "grad_groups": tuple(zip(edges[:-1], edges[1:], strict=True))}
+    return {"grad_sync": mode, "grad_groups": tuple(pairwise(edges))}
 
 
 @st.composite
