@@ -198,9 +198,11 @@ def compare_sync(
     """
     t0 = time.perf_counter()
     if strategy.dp == 1:
+        n = cluster.num_gpus
+        hint = f"e.g. 1M1P{n}D, pure data parallelism" if n > 1 else f"--nodes gives {cluster.name} more GPUs than 1"
         raise MergeSearchError(
             f"{strategy} has dp = 1: nothing to synchronise (no replicas exchange gradients), so every mode is the "
-            f"same iteration; give a strategy with dp > 1 (e.g. 1M1P{cluster.num_gpus}D, pure data parallelism)"
+            f"same iteration; give a strategy with dp > 1 ({hint})"
         )
     modes = check_modes(MODES if modes is None else modes)
     modes = modes if BASELINE in modes else (*modes, BASELINE)
