@@ -75,7 +75,8 @@ def _rows(timeline: Timeline, max_rows: int) -> list[tuple[int, str]]:
 
 
 def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title: str | None = None) -> Axes:
-    """Per-GPU timeline chart (time in ms)."""
+    """Per-GPU timeline chart (time in ms); gradient all-reduces are outlined in white, so that buckets issued back
+    to back (WFBP's layers, MG-WFBP's merged groups) can be told apart."""
     rows = _rows(timeline, max_rows)
     if ax is None:
         fig = NotebookFigure(figsize=(12, 1.2 + 0.45 * len(rows)))
@@ -95,11 +96,13 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
             ybase, height = (y - 0.4, 0.38) if kind in COMPUTE_ROW else (y + 0.02, 0.38)
             if kind == "launch":  # a thin strip along the top of the GPU's row
                 ybase, height = y - 0.49, 0.08
+            separate = kind == "dp_allreduce"  # back-to-back gradient buckets stay countable
             ax.broken_barh(
                 list(zip(start, width, strict=True)),
                 (ybase, height),
                 facecolors=KIND_COLORS.get(kind, "#999999"),
-                edgecolor="none",
+                edgecolor="white" if separate else "none",
+                linewidth=0.8 if separate else 0.0,
             )
             seen.add(kind)
     ax.set_yticks(range(len(rows)), [label for _, label in rows])

@@ -23,6 +23,11 @@ from distsim.flow.sync import DDP_BUCKET_CAP_MB
 MB = 1e6
 
 
+def fmt_bytes(n: float) -> str:
+    """Decimal megabytes, or kilobytes below 0.1 MB (a stem conv's gradients are 38 kB, not '0.0 MB')."""
+    return f"{n / MB:.1f} MB" if n >= 0.1 * MB else f"{n / 1e3:.1f} kB"
+
+
 def _modes_text() -> str:
     from distsim.flow.sync import MODES
 
@@ -220,7 +225,7 @@ def _plan_lines(comparison: Any, choose: str) -> list[str]:
     chosen = comparison.chosen(choose)
     how = "MG-WFBP's greedy, Algorithm 1" if choose == "greedy" else "exact, dynamic programme over contiguous groups"
     total = sum(g.nbytes for g in chosen.groups)
-    lines = [f"merge plan ({chosen.mode}: {how}): {chosen.allreduces} all-reduces of {total / MB:.1f} MB over "
+    lines = [f"merge plan ({chosen.mode}: {how}): {chosen.allreduces} all-reduces of {fmt_bytes(total)} over "
              f"{comparison.model.num_layers} layers, issued from the last layers down"]  # fmt: skip
     lines += [f"  {line}" for line in describe_groups(chosen.groups, comparison.model)]
     return lines
@@ -239,14 +244,14 @@ def describe_groups(groups: Sequence[Any], model: Any) -> list[str]:
             lo, hi = groups[i].layers[0], groups[j - 1].layers[1] - 1
             nbytes = sum(g.nbytes for g in groups[i:j])
             out.append(f"layers {lo}-{hi} ({model.layers[lo].name} .. {model.layers[hi].name}): one all-reduce each, "
-                       f"{j - i} of {nbytes / MB:.1f} MB in all")  # fmt: skip
+                       f"{j - i} of {fmt_bytes(nbytes)} in all")  # fmt: skip
             i = j
             continue
         g = groups[i]
         lo, hi = g.layers[0], g.layers[1] - 1
         where = f"layer {lo} ({model.layers[lo].name})" if lo == hi else (
             f"layers {lo}-{hi} ({model.layers[lo].name} .. {model.layers[hi].name})")  # fmt: skip
-        out.append(f"{where}: " + (f"{g.nbytes / MB:.1f} MB" if g.nbytes else "no gradients"))
+        out.append(f"{where}: " + (fmt_bytes(g.nbytes) if g.nbytes else "no gradients"))
         i += 1
     return out
 
