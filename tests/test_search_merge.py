@@ -13,10 +13,11 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from distsim import AnalyticCosts, FlowOptions, Strategy, get_cluster, get_model, simulate
+from distsim import AnalyticCosts, Cluster, FlowOptions, Strategy, get_cluster, get_model, simulate
 from distsim import mgwfbp as mg
 from distsim.flow.uniform import merge_groups
 from distsim.models import Model
@@ -32,7 +33,7 @@ def close(x: float, y: float) -> bool:
 
 def hand_case(
     t_f: float, t_b: list[float], params: list[int], n: int, lat: float, bw: float
-) -> tuple[Model, object, mg.MergeProblem]:
+) -> tuple[Model, Cluster, mg.MergeProblem]:
     """A chain model (forward t_f spread evenly; fp16: 2 gradient bytes per parameter) on one node of n GPUs, and the
     MG-WFBP problem it is: a = 2(n-1) lat, b = 2(n-1) / (n bw)."""
     layers = [(t_f / len(t_b), b, p, 100.0) for b, p in zip(t_b, params, strict=True)]
@@ -43,9 +44,9 @@ def hand_case(
     return model, cluster, problem
 
 
-def sim_s(model: Model, cluster: object, **strategy: object) -> float:
-    s = Strategy(dp=cluster.num_gpus, **strategy)  # type: ignore[attr-defined, arg-type]
-    return simulate(model, cluster, s, AnalyticCosts(cluster), HOST_OFF).iteration_time_s  # type: ignore[arg-type]
+def sim_s(model: Model, cluster: Cluster, **strategy: Any) -> float:
+    s = Strategy(dp=cluster.num_gpus, **strategy)
+    return simulate(model, cluster, s, AnalyticCosts(cluster), HOST_OFF).iteration_time_s
 
 
 def in_layer_order(groups: mg.Groups) -> tuple[tuple[int, int], ...]:
@@ -86,14 +87,14 @@ def test_the_greedy_counterexample_simulates_to_32_50_against_the_optimum_30_80(
     greedy_s, optimal_s = sim_s(model, cluster, grad_sync="mgwfbp"), sim_s(model, cluster, grad_sync="mgwfbp-optimal")
     assert close(greedy_s, mg.greedy(problem).t_iter) and round(greedy_s, 2) == 32.50
     assert close(optimal_s, mg.optimal(problem).t_iter) and round(optimal_s, 2) == 30.80
-    result = compare_sync(model, cluster, Strategy(dp=2), AnalyticCosts(cluster), options=HOST_OFF)  # type: ignore[arg-type]
+    result = compare_sync(model, cluster, Strategy(dp=2), AnalyticCosts(cluster), options=HOST_OFF)
     assert [g.layers for g in result.result("mgwfbp").groups] == [(0, 2), (2, 4)]
     assert [g.layers for g in result.result("mgwfbp-optimal").groups] == [(0, 3), (3, 4)]
 
 
 def test_compare_sync_reports_each_mode_as_simulated() -> None:
     model, cluster, problem = hand_case(*SIX)
-    result = compare_sync(model, cluster, Strategy(dp=4), AnalyticCosts(cluster), options=HOST_OFF)  # type: ignore[arg-type]
+    result = compare_sync(model, cluster, Strategy(dp=4), AnalyticCosts(cluster), options=HOST_OFF)
     assert [r.mode for r in result.results] == ["bulk", "wfbp", "ddp", "mgwfbp", "mgwfbp-optimal"]
     wfbp_tl, greedy_tl = mg.wfbp(problem), mg.greedy(problem)
     for r, tl in ((result.result("wfbp"), wfbp_tl), (result.result("bulk"), mg.sync_easgd(problem)),
@@ -114,10 +115,10 @@ def test_compare_sync_reports_each_mode_as_simulated() -> None:
 def test_compare_sync_refuses_what_it_cannot_compare() -> None:
     model, cluster, _ = hand_case(*SIX)
     with pytest.raises(MergeSearchError, match="dp = 1: nothing to synchronise"):
-        compare_sync(model, hand_cluster(1, 1), Strategy())  # type: ignore[arg-type]
+        compare_sync(model, hand_cluster(1, 1), Strategy())
     with pytest.raises(MergeSearchError, match="unknown gradient synchronisation 'nope'; choose from bulk, wfbp"):
-        compare_sync(model, cluster, Strategy(dp=4), modes=["nope"])  # type: ignore[arg-type]
-    only = compare_sync(model, cluster, Strategy(dp=4), modes=["bulk"])  # type: ignore[arg-type]
+        compare_sync(model, cluster, Strategy(dp=4), modes=["nope"])
+    only = compare_sync(model, cluster, Strategy(dp=4), modes=["bulk"])
     assert [r.mode for r in only.results] == ["bulk", "wfbp"]  # the baseline is always there
 
 
