@@ -225,8 +225,12 @@ def _plan_lines(comparison: Any, choose: str) -> list[str]:
     chosen = comparison.chosen(choose)
     how = "MG-WFBP's greedy, Algorithm 1" if choose == "greedy" else "exact, dynamic programme over contiguous groups"
     total = sum(g.nbytes for g in chosen.groups)
-    lines = [f"merge plan ({chosen.mode}: {how}): {chosen.allreduces} all-reduces of {fmt_bytes(total)} over "
-             f"{comparison.model.num_layers} layers, issued from the last layers down"]  # fmt: skip
+    s = comparison.strategy
+    messages = sum(g.nbytes > 0 for g in chosen.groups)
+    where = f" on {s.pp} pipeline ranks" if s.pp > 1 else ""
+    shard = " per tensor-parallel shard" if s.tp > 1 else ""
+    lines = [f"merge plan ({chosen.mode}: {how}): {messages} all-reduces of {fmt_bytes(total)}{shard} over "
+             f"{comparison.model.num_layers} layers{where}, issued from the last layers down"]  # fmt: skip
     lines += [f"  {line}" for line in describe_groups(chosen.groups, comparison.model)]
     return lines
 
