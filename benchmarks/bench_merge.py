@@ -1,10 +1,10 @@
 """Speed of the MG-WFBP search (``distsim search merge``).
 
-1. The paper's scaling simulation: ResNet-50, 32 samples per GPU, pure data parallelism over 2, 4, ..., 2048
-   single-V100 nodes (v100-10gbe resized), SyncEASGD (bulk), WFBP and MG-WFBP each simulated at every worker count,
-   plus one GPU for the speedup: 34 simulations. Timed with ring all-reduce (the paper's) and with NCCL's ring or tree,
-   and again with the exact merge (mgwfbp-optimal) as a fourth mode. Target: under 5 s. The sweep must simulate one
-   GPU per count (symmetric replicas); the script checks that it did.
+1. The paper's scaling simulation: ResNet-50 in FP32 (the README's case), 32 samples per GPU, pure data parallelism
+   over 2, 4, ..., 2048 single-V100 nodes (v100-10gbe resized), SyncEASGD (bulk), WFBP and MG-WFBP each simulated at
+   every worker count, plus one GPU for the speedup: 34 simulations. Timed with ring all-reduce (the paper's) and with
+   NCCL's ring or tree, and again with the exact merge (mgwfbp-optimal) as a fourth mode. Target: under 5 s. The sweep
+   must simulate one GPU per count (symmetric replicas); the script checks that it did.
 2. The mode comparison on the 16-node cluster (five modes, with the merge plans).
 
 Run: python benchmarks/bench_merge.py [--repeats 3]
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     print(f"{describe()}; median of {args.repeats}\n")
-    model, cluster = get_model("resnet50"), get_cluster("v100-10gbe")
+    model, cluster = get_model("resnet50:precision=fp32"), get_cluster("v100-10gbe")
     cases = [
         ("ring", ("bulk", "wfbp", "mgwfbp"), False),
         ("nccl", ("bulk", "wfbp", "mgwfbp"), True),
