@@ -281,6 +281,21 @@ CPU_SOURCE = (
 )
 PCIE4 = Link(24 * GB, 10e-6)  # PCIe 4.0 x16, ~24 GB/s achieved per direction (assumed)
 IB_100G = Link(100 * Gbit, 5e-6)  # 100 Gb/s InfiniBand (assumed)
+PCIE3 = Link(12 * GB, 10e-6)  # PCIe 3.0 x16, 15.75 GB/s raw, ~12 GB/s achieved per direction (assumed)
+ETH_10G = Link(10 * Gbit, 10e-6)
+# 10 Gigabit Ethernet: the IEEE 802.3ae line rate, 10 Gb/s. Latency 10 us: the upper end of the 5-10 us Mellanox quotes
+# for commercially available 10GbE adapters without its RDMA offload (The Register, 2011-06-06, "Mellanox ConnectX-3
+# chip", p. 2); MPI over the host's TCP stack adds its own per-message cost, so this is a lower bound there
+IB_FDR = Link(14.0625 * 4 * 64 / 66 * Gbit, 1e-6)
+# FDR InfiniBand 4x ("56 Gb/s"): 4 lanes x 14.0625 Gb/s signalling with 64b/66b encoding = 54.5 Gb/s of data
+# (InfiniBand Architecture Specification Vol. 2, release 1.3); latency 1 us: Mellanox ConnectX-3 (the FDR adapter of
+# its generation), product brief "1us MPI ping latency"
+MGWFBP_SOURCE = (
+    "MG-WFBP (Shi et al., TPDS 2020) evaluates on V100 clusters joined by 10GbE and 56 Gb/s InfiniBand; modelled "
+    "here as one V100 per node (every all-reduce crosses the network, one worker per node as in its cost model); "
+    "GPU figures of the V100-SXM2 datasheet (which V100 variant the paper's nodes had is not modelled); link figures "
+    "from the standard and a vendor latency, not fitted to the paper's measurements"
+)
 
 _PRESETS: dict[str, Cluster] = {
     "distsim-testbed": Cluster(
@@ -332,6 +347,12 @@ _PRESETS: dict[str, Cluster] = {
         Link(10 * Gbit, 20e-6),
         1,
         source="DAPPLE (PPoPP'21) Table III config C: 1x V100 per server, 10 Gb/s Ethernet",
+    ),
+    "v100-10gbe": Cluster(
+        "v100-10gbe", 16, 1, V100_16GB, PCIE3, ETH_10G, 1, source=MGWFBP_SOURCE + "; 10 Gigabit Ethernet, 16 nodes"
+    ),
+    "v100-ib56": Cluster(
+        "v100-ib56", 16, 1, V100_16GB, PCIE3, IB_FDR, 1, source=MGWFBP_SOURCE + "; FDR InfiniBand 4x, 16 nodes"
     ),
     "dgx-a100": Cluster(
         "dgx-a100",

@@ -127,10 +127,13 @@ def _given(event: ComputeEvent) -> Cost | None:
 @dataclass
 class AnalyticCosts:
     """Estimates from the cluster's figures (DistSim Sec. 2.3 shows why these can be off by 40%): per kernel for a
-    block with ops, a roofline for one without; ring or tree collectives."""
+    block with ops, a roofline for one without; ring or tree collectives (ring only with ``tree=False``)."""
 
     cluster: Cluster
     name: str = "analytic"
+    tree: bool = True
+    """Let an inter-node all-reduce take NCCL's double binary tree where that is faster (NCCL's choice); False: ring
+    only, the algorithm MG-WFBP's analysis assumes (its latency term grows as 2(N-1) alpha)."""
     _memo: dict[ComputeEvent, Cost] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def compute(self, event: ComputeEvent) -> Cost:
@@ -173,7 +176,9 @@ class AnalyticCosts:
             )
         if c == "p2p":
             return Cost(link.latency_s + event.nbytes / bandwidth, "analytic", launch_s=launch_s)
-        seconds, _ = collective_s(c, n, event.nbytes, link.latency_s, bandwidth, tree=event.scope == "inter")
+        seconds, _ = collective_s(
+            c, n, event.nbytes, link.latency_s, bandwidth, tree=event.scope == "inter" and self.tree
+        )
         return Cost(seconds, "analytic", launch_s=launch_s)
 
     def interference(self, scope: str) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from collections.abc import Sequence
 
 import pandas as pd
 from matplotlib.axes import Axes
@@ -74,7 +75,8 @@ def _rows(timeline: Timeline, max_rows: int) -> list[tuple[int, str]]:
 
 
 def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title: str | None = None) -> Axes:
-    """Per-GPU timeline chart (time in ms)."""
+    """Per-GPU timeline chart (time in ms); gradient all-reduces are outlined in white, so that buckets issued back
+    to back (WFBP's layers, MG-WFBP's merged groups) can be told apart."""
     rows = _rows(timeline, max_rows)
     if ax is None:
         fig = NotebookFigure(figsize=(12, 1.2 + 0.45 * len(rows)))
@@ -94,11 +96,13 @@ def gantt(timeline: Timeline, ax: Axes | None = None, max_rows: int = 32, title:
             ybase, height = (y - 0.4, 0.38) if kind in COMPUTE_ROW else (y + 0.02, 0.38)
             if kind == "launch":  # a thin strip along the top of the GPU's row
                 ybase, height = y - 0.49, 0.08
+            separate = kind == "dp_allreduce"  # back-to-back gradient buckets stay countable
             ax.broken_barh(
                 list(zip(start, width, strict=True)),
                 (ybase, height),
                 facecolors=KIND_COLORS.get(kind, "#999999"),
-                edgecolor="none",
+                edgecolor="white" if separate else "none",
+                linewidth=0.8 if separate else 0.0,
             )
             seen.add(kind)
     ax.set_yticks(range(len(rows)), [label for _, label in rows])
@@ -171,3 +175,35 @@ def search_bars(
 
 def _varies(table: pd.DataFrame) -> bool:
     return table["mbs"].nunique() > 1 or table["schedule"].nunique() > 1
+
+
+MODE_COLORS = {"bulk": "#E45756", "wfbp": "#4C78A8", "ddp": "#72B7B2", "mgwfbp": "#F58518",
+               "mgwfbp-optimal": "#54A24B"}  # fmt: skip
+
+
+def speedup_curves(table: pd.DataFrame, modes: Sequence[str], ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Speedup S(N) against workers N per gradient synchronisation mode (a ``WorkerSweep.table()``: columns
+    ``workers`` and ``speedup_<mode>``), as MG-WFBP's scaling figures: log2 workers, linear speedup, with the ideal
+    S(N) = N dotted (clipped to the data, so that it does not flatten the curves). Earlier modes are drawn wider, so
+    that a mode that converges to another (MG-WFBP to SyncEASGD) stays visible under it."""
+    if ax is None:
+        fig = NotebookFigure(figsize=(6.4, 4.2))
+        ax = fig.add_subplot()
+    workers = table["workers"].to_numpy()
+    top = 0.0
+    for k, mode in enumerate(modes):
+        values = table[f"speedup_{mode}"].to_numpy()
+        top = max(top, float(values.max()) if len(values) else 0.0)
+        width = 1.5 + 3.0 * (len(modes) - 1 - k) / max(1, len(modes) - 1)  # earlier modes wider: equal curves show
+        ax.plot(workers, values, marker="o", markersize=2 + width, linewidth=width, alpha=0.85, label=mode,
+                color=MODE_COLORS.get(mode))  # fmt: skip
+    ax.plot(workers, workers, linestyle=":", color="#888888", label="ideal, S(N) = N")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    ax.set_xlabel("workers N (GPUs, data parallel)")
+    ax.set_ylabel("speedup S(N) = N t_1 / t_iter(N)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title, fontsize="medium")
+    return ax

@@ -133,12 +133,26 @@ def load_model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any]:
     return model, cluster
 
 
-def load_costs(cluster: Any, profile_path: str | None, strict: bool = False) -> Any:
-    """Analytic costs for the cluster, or a profile's measured costs backed by them."""
+ALLREDUCE_CHOICES = {"nccl": True, "ring": False}
+"""``--allreduce`` -> whether the analytic costs may take NCCL's tree for an inter-node all-reduce."""
+
+
+def allreduce_option(f: Any) -> Any:
+    """``--allreduce nccl|ring``: the algorithm the analytic costs give an inter-node all-reduce."""
+    return click.option(
+        "--allreduce", type=click.Choice(list(ALLREDUCE_CHOICES)), default="nccl", show_default=True,
+        help="Analytic inter-node all-reduce: nccl, ring or double binary tree, whichever NCCL's cost model finds "
+        "faster; ring: ring only, as MG-WFBP's analysis assumes. Measured collectives (--profile) are unaffected.",
+    )(f)  # fmt: skip
+
+
+def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl") -> Any:
+    """Analytic costs for the cluster (all-reduce algorithm by `allreduce`, a key of :data:`ALLREDUCE_CHOICES`), or a
+    profile's measured costs backed by them."""
     from distsim.costs import AnalyticCosts, ProfileCosts
     from distsim.io import load_profile
 
-    costs = AnalyticCosts(cluster)
+    costs = AnalyticCosts(cluster, tree=ALLREDUCE_CHOICES[allreduce])
     if profile_path:
         return ProfileCosts(load_profile(profile_path), costs, strict=strict)
     if strict:

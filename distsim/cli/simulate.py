@@ -12,6 +12,7 @@ from distsim.cli.common import (
     GB,
     TRACE_FORMATS,
     Progress,
+    allreduce_option,
     check_outputs,
     fmt_time,
     grad_sync_options,
@@ -142,6 +143,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
     is_flag=True,
     help="With --profile: fail if an event was not profiled instead of estimating it.",
 )
+@allreduce_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the summary.")
 @click.option(
     "--trace",
@@ -203,7 +205,7 @@ def simulate(**kw: Any) -> None:
         raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
     target = plan if plan is not None else Strategy.from_str(kw["strategy_text"], **overrides)
     strategy = target.pipeline_strategy() if plan is not None else target
-    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
+    costs = load_costs(cluster, kw["profile_path"], kw["strict"], kw["allreduce"])
     options = FlowOptions(
         p2p_blocking=kw["p2p_mode"] == "blocking",
         symmetric=False if kw["full"] else None,

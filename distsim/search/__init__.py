@@ -3,13 +3,16 @@
 * :func:`grid_search` (DistSim Sec. 6): every tensor x pipeline x data degree, micro-batch size and schedule,
   memory-filtered, simulated and ranked;
 * :func:`plan_dapple` (DAPPLE Sec. IV): uneven stages, stage replication and placement by dynamic programming
-  over DAPPLE's latency model, with :func:`check_with_simulator` to simulate its shortlist.
+  over DAPPLE's latency model, with :func:`check_with_simulator` to simulate its shortlist;
+* :func:`compare_sync` and :func:`sweep_workers` (MG-WFBP): every gradient synchronisation mode of a data-parallel
+  strategy with MG-WFBP's merge plan, and their scaling with the number of workers.
 """
 
 from __future__ import annotations
 
 from distsim.search.dapple import Candidate, Checked, DappleResult, DappleSpec, check_with_simulator, plan_dapple
 from distsim.search.grid import GridPoint, GridResult, GridSpec, grid_search
+from distsim.search.merge import SyncComparison, WorkerSweep, compare_sync, sweep_workers
 from distsim.search.space import enumerate_strategies
 
 __all__ = [
@@ -20,8 +23,12 @@ __all__ = [
     "GridPoint",
     "GridResult",
     "GridSpec",
+    "SyncComparison",
+    "WorkerSweep",
     "check_with_simulator",
+    "compare_sync",
     "enumerate_strategies",
     "grid_search",
     "plan_dapple",
+    "sweep_workers",
 ]
