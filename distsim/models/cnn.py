@@ -46,6 +46,13 @@ def _pair(value: Pair) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else value
 
 
+def _tensors(*elements: int) -> tuple[tuple[int, bool], ...]:
+    """``Block.tensors`` of a layer's parameter tensors in the torch module's registration order (weight, then bias;
+    a BatchNorm's weight and bias after its conv). Nothing here is tensor-parallel (``tp="none"``), so the split flag
+    only says that no part of them is replicated (``replicated_params`` is 0)."""
+    return tuple((n, True) for n in elements)
+
+
 def _out_size(size: int, kernel: int, stride: int, pad: int) -> int:
     """Output length of a conv/pool along one axis (PyTorch's floor mode)."""
     return (size + 2 * pad - kernel) // stride + 1
@@ -138,6 +145,7 @@ class _Builder:
             ),
             params=cin * cout * kh * kw + (cout if bias else 0) + (2 * cout if bn else 0),
             ops=ops,
+            tensors=_tensors(cin * cout * kh * kw, *([cout] if bias else []), *([cout, cout] if bn else [])),
         )
         return self._add(name, block, inputs, (cout, out_hw), in_elems + out_elems)
 
@@ -189,6 +197,7 @@ class _Builder:
             shape=(("in", cin), ("out", cout)),
             params=cin * cout + cout,
             ops=(GemmOp("linear", 1, cout, cin, "none", self.e),),  # bias added in the GEMM's epilogue (addmm)
+            tensors=_tensors(cin * cout, cout),
         )
         return self._add(name, block, inputs, (cout, 1), cin + cout)
 
@@ -223,6 +232,9 @@ class _Builder:
         x, a1, a2, y = cin * hw * hw, width * hw * hw, width * out_hw * out_hw, cout * out_hw * out_hw
         params = cin * width + 9 * width * width + width * cout + 2 * (2 * width + cout)
         params += (cin * cout + 2 * cout) if down else 0
+        # conv1, bn1, conv2, bn2, conv3, bn3, then the projection's conv and BN, as torchvision registers them
+        tensors = _tensors(cin * width, width, width, 9 * width * width, width, width, width * cout, cout, cout,
+                           *((cin * cout, cout, cout) if down else ()))  # fmt: skip
         saved = x + 2 * a1 + 2 * a2 + 2 * y + (y if down else 0)
         ops = (
             *self._conv_ops("conv1", cin, width, 1, hw, hw, bias=False, bn=True, relu=True),
@@ -244,6 +256,7 @@ class _Builder:
             ),
             params=params,
             ops=ops,
+            tensors=tensors,
         )
         return self._add(name, block, inputs, (cout, out_hw), saved)
 

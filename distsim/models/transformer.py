@@ -81,6 +81,11 @@ def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = N
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
     # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
     bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
+    projections = (
+        [(3 * h * h, True), (3 * h, True)]
+        if kv_seq is None
+        else [(h * h, True), (h, True), (2 * h * h, True), (2 * h, True)]
+    )
     return Block(
         op=op,
         shape=shape,
@@ -90,6 +95,9 @@ def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = N
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(bwd_bytes),
         ops=attention_ops(h, a, s, e, kv_seq, causal),
+        # LayerNorm weight and bias, the column-parallel QKV (or Q and KV) weight and bias, the row-parallel output
+        # weight (split) and bias (added once after g: whole on every rank), as the torch module registers them
+        tensors=((h, False), (h, False), *projections, (h * h, True), (h, False)),
     )
 
 
@@ -116,6 +124,8 @@ def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(s * h * e),
         ops=mlp_ops(h, f, s, e),
+        # LayerNorm, fc1 (column-parallel) weight and bias, fc2 (row-parallel) weight; fc2's bias is whole
+        tensors=((h, False), (h, False), (h * f, True), (f, True), (f * h, True), (h, False)),
     )
 
 
@@ -181,6 +191,7 @@ def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positio
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         ops=embedding_ops(vocab, h, s, e, positions),
+        tensors=((vocab * h, True), *([(s * h, False)] if positions else [])),  # word rows split, positions whole
     )
     return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h), inputs=())
 
@@ -241,6 +252,7 @@ def lm_head_layer(
         ops=lm_head_ops(vocab, h, s, e),
         tp_fwd_allreduce_bytes=float(3 * s * 4),
         tp_bwd_allreduce_bytes=float(s * h * e),
+        tensors=((h, False), (h, False), (vocab * h, True)),  # the final LayerNorm (whole), the projection (split)
     )
     return Layer(
         name=name,
