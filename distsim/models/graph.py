@@ -180,11 +180,18 @@ class Layer:
         return self.params if self.tied_params is None else self.tied_params
 
     def tied_shard_params(self, tp: int) -> float:
-        """Of :meth:`shard_params`, those shared with ``tied_to`` (the gradients the tied copies all-reduce)."""
+        """Of :meth:`shard_params`, those shared with ``tied_to`` (the gradients the tied copies all-reduce): split
+        over tp like the layer's tensor-parallel part when they are exactly that part (an LM head's vocabulary
+        matrix, without its final LayerNorm), else the same fraction of every shard."""
         if self.tied_to is None or not self.params:
             return 0.0
         shard = self.shard_params(tp)
-        return shard if self.tied_params is None else shard * self.tied_params / self.params
+        if self.tied_params is None:
+            return shard
+        split = sum(b.params - b.replicated_params for b in self.blocks if b.tp == "shard")
+        if tp > 1 and split > 0 and self.tied_params == split:
+            return self.tied_params / tp
+        return shard * self.tied_params / self.params
 
     @property
     def fwd_flops(self) -> float:

@@ -239,7 +239,8 @@ def lm_head_layer(
     """Final layernorm + output projection to the vocabulary + cross-entropy (vocab-parallel, Megatron).
 
     The projection is column-parallel: backward all-reduces the input gradient (s h elements); the vocab-parallel
-    cross-entropy all-reduces three fp32 values per token in forward. Its weights are tied to the embedding; the fp32
+    cross-entropy all-reduces three fp32 values per token in forward. Its projection is tied to the word embedding
+    (``tied_params``: the final LayerNorm is its own, with gradients of its own, as in the torch module); the fp32
     softmax of the logits is kept for backward.
     """
     e = p.act_bytes
@@ -262,6 +263,7 @@ def lm_head_layer(
         saved_sharded_bytes=float(4 * s * vocab),
         inputs=inputs,
         tied_to=tied_to,
+        tied_params=vocab * h,
     )
 
 
