@@ -8,9 +8,15 @@ produced it runs backward. This mirrors the simulator's event flow:
 * forward action: receive the activations crossing the cut from the previous stage (``recv``), run the stage's blocks
   in order, send the activations crossing the next cut (``isend``, or ``send`` with ``p2p_blocking``);
 * backward action: receive the gradients of what was sent, run the blocks in reverse, send the gradients of what was
-  received; with WFBP, each layer's gradients are all-reduced (asynchronously) as soon as its last backward is done;
-* after the last action: the bulk gradient all-reduce, the all-reduce of tied embedding copies between the first and
-  last stage, and the optimizer step.
+  received; in the last micro-batch, a gradient bucket that the layer just done completes is all-reduced
+  (asynchronously, overlapped with the rest of backward);
+* after the last action: the buckets that wait for the whole backward (bulk's one), the all-reduce of tied embedding
+  copies between the first and last stage, and the optimizer step.
+
+The buckets are the simulator's: the rank describes its gradients to :mod:`distsim.flow.sync` (bytes of each parameter
+tensor per layer, from its own parameters) and lowers the strategy's ``grad_sync`` with it, so a trace's data-parallel
+rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_name`). Each bucket is one slice of the
+rank's contiguous gradient buffer.
 
 Times come from the rank's clock (:mod:`distsim.executor.clock`): ``time.perf_counter`` (CLOCK_MONOTONIC, shared by
 the processes of one machine) around each call on a CPU; on a GPU, CUDA events on the stream each block and each
@@ -24,15 +30,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distsim.errors import DistsimError
 from distsim.executor import data
 from distsim.executor.clock import Clock, HostClock, Mark, clock_for
 from distsim.executor.model import build_modules, unique_parameters
+from distsim.flow.comm import bucket_name
+from distsim.flow.sync import MODES, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
 from distsim.placement import Placement
@@ -193,6 +203,16 @@ class _Segment:
     """What consumers of the output hold (a leaf whose .grad collects their gradients); None for lm_head."""
 
 
+@dataclass(frozen=True)
+class GradBucket:
+    """One gradient all-reduce of this rank: a :class:`~distsim.flow.sync.Bucket`, the slice of the gradient buffer
+    it covers, and its event name."""
+
+    bucket: Bucket
+    part: slice
+    name: str
+
+
 @dataclass
 class _MicroBatch:
     env: dict[int, Tensor] = field(default_factory=dict)
@@ -233,7 +253,13 @@ class Runtime:
         self.sent_shapes: set[tuple[Any, ...]] = set()
         self.pending: list[Any] = []
         self.layer_params = self._layer_params()
-        self.grad_buffer, self.layer_slices = self._grad_buffer()
+        self.grad_buffer, self.spans = self._grad_buffer()
+        self.buckets = self._buckets() if self.dp > 1 else []
+        self.ready: dict[int, list[GradBucket]] = {}
+        """Buckets issued right after a layer's backward in its last micro-batch, by that layer."""
+        for b in self.buckets:
+            if b.bucket.ready is not None:
+                self.ready.setdefault(b.bucket.ready, []).append(b)
         self.losses: list[float] = []
 
     # -------------------------------------------------------------------------------------------- structure
@@ -249,22 +275,62 @@ class Runtime:
             out.setdefault(owner[id(p)], []).append(p)
         return out
 
-    def _grad_buffer(self) -> tuple[Tensor, dict[int, slice]]:
-        """One contiguous gradient buffer, ordered by layer; every parameter's .grad is a view into it.
+    def _grad_buffer(self) -> tuple[Tensor, dict[tuple[int, int], tuple[int, int]]]:
+        """One contiguous gradient buffer, ordered by layer and within a layer by parameter registration order; every
+        parameter's .grad is a view into it. Returns the buffer and (layer, tensor index) -> [start, stop) elements.
 
-        Autograd accumulates into the views, so the bulk all-reduce, a layer's WFBP all-reduce (a slice) and the
-        tied-embedding all-reduce run in place without copies, as with Megatron-LM's contiguous grad buffer.
+        Autograd accumulates into the views, so every bucket's all-reduce and the tied-embedding all-reduce run in
+        place without copies, as with Megatron-LM's contiguous grad buffer. A bucket of :mod:`distsim.flow.sync` is a
+        run of consecutive tensors in reverse of this order (layers last first, a layer's tensors last first), so it
+        is one slice of the buffer (:meth:`_buckets` checks).
         """
         total = sum(p.numel() for ps in self.layer_params.values() for p in ps)
         buffer = torch.zeros(total, dtype=self.dtype, device=self.device)
-        slices, offset = {}, 0
+        spans, offset = {}, 0
         for li in sorted(self.layer_params):
-            start = offset
-            for p in self.layer_params[li]:
+            for k, p in enumerate(self.layer_params[li]):
                 p.grad = buffer[offset : offset + p.numel()].view_as(p)
+                spans[(li, k)] = (offset, offset + p.numel())
                 offset += p.numel()
-            slices[li] = slice(start, offset)
-        return buffer, slices
+        return buffer, spans
+
+    def grad_units(self) -> tuple[GradUnit, ...]:
+        """This rank's gradients as :mod:`distsim.flow.sync` takes them: one unit per layer it holds, the last layer
+        first, with the bytes of each of its parameters' gradients in registration order and its model chunk."""
+        chunk = {li: vs // self.pp for vs in range(self.pipe_rank, self.strategy.num_stages, self.pp)
+                 for li in range(*self.stage_ranges[vs])}  # fmt: skip
+        return tuple(
+            GradUnit(li, tuple(p.numel() * p.element_size() for p in self.layer_params.get(li, ())), 0.0, chunk[li])
+            for li in sorted(self.layers, reverse=True)
+        )
+
+    def simulated_units(self) -> tuple[GradUnit, ...]:
+        """The units the simulator describes this rank with (:meth:`distsim.models.graph.Model.stored_tensors`)."""
+        held, grad_bytes = set(self.layers), self.model.precision.grad_bytes
+        return tuple(GradUnit(u.layer, tensor_bytes(self.model.stored_tensors(u.layer, held, self.tp), grad_bytes),
+                              0.0, u.chunk) for u in self.grad_units())  # fmt: skip
+
+    def _buckets(self) -> list[GradBucket]:
+        """The strategy's gradient buckets on this rank, lowered from its own parameters, each a buffer slice.
+
+        A planned mode (mgwfbp) needs its merge plan in the strategy (``grad_groups``): the ranks cannot plan from
+        costs here, and the plan must be the one the trace records for validation (``distsim execute`` resolves it).
+        """
+        s = self.strategy
+        if MODES[s.grad_sync].planned and not s.grad_groups:
+            raise DistsimError(f"grad_sync {s.grad_sync} needs its merge plan (grad_groups) to execute; distsim "
+                               "execute plans it with distsim.flow.uniform.merge_groups")  # fmt: skip
+        settings = SyncSettings(bucket_cap_mb=s.bucket_cap_mb, groups=s.grad_groups)
+        lowered = lower(s.grad_sync, SyncContext(self.grad_units(), lambda _n: 0.0, None, settings))
+        out = []
+        size = self.grad_buffer.element_size()
+        for bucket in lowered.buckets:
+            spans = sorted(self.spans[t] for t in bucket.tensors)
+            if any(a[1] != b[0] for a, b in pairwise(spans)) or (spans[-1][1] - spans[0][0]) * size != bucket.nbytes:
+                raise AssertionError(f"gradient bucket {bucket} is not one slice of the gradient buffer")
+            out.append(GradBucket(bucket, slice(spans[0][0], spans[-1][1]), bucket_name(self.model, bucket,
+                                                                                         self.pipe_rank)))  # fmt: skip
+        return out
 
     def _sources(self, li: int) -> tuple[str, ...]:
         layer = self.model.layers[li]
@@ -420,34 +486,37 @@ class Runtime:
                     torch.autograd.backward(seg.out * scale)
                 elif seg.leaf.grad is not None:
                     torch.autograd.backward(seg.out, seg.leaf.grad)
-            if final and seg.bi == 0 and self.dp > 1 and self.strategy.grad_sync == "wfbp":
-                self._wfbp(seg.li, vs)
+            if final and seg.bi == 0:  # the layer's backward is done: issue the buckets it completes
+                for bucket in self.ready.get(seg.li, ()):
+                    self._issue(bucket, vs)
         if vs > 0:
             grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in st.received]
             self._send(grads, vs - 1, "B", vs, mb, iteration)
 
     # ------------------------------------------------------------------------------------------ gradient sync
-    def _wfbp(self, li: int, vs: int) -> None:
-        part = self.layer_slices.get(li)
-        if part is None or part.stop == part.start:
-            return
-        meta: Meta = ("dp", "dp_allreduce", f"grads {self.model.layers[li].name}", li, vs, -1)
+    def _issue(self, bucket: GradBucket, vs: int) -> None:
+        """All-reduce a bucket asynchronously during backward (stage vs), as DDP and WFBP do."""
+        assert bucket.bucket.ready is not None
+        meta: Meta = ("dp", "dp_allreduce", bucket.name, bucket.bucket.ready, vs, -1)
         host = self.clock.now()
         with self.clock.side("dp"):  # overlapped with the rest of backward (see clock.py)
             start = self.clock.mark()
-            work = dist.all_reduce(self.grad_buffer[part], group=self.groups["dp"], async_op=True)
+            work = dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"], async_op=True)
             end = self.clock.completion(work)
         self.recorder.launched(meta, host, self.clock.now())
         self._syncs.append((work, meta, start, end))
 
     def _finish_grads(self) -> None:
+        """Wait for the buckets issued during backward, then all-reduce those that wait for the whole backward and
+        the tied embedding copies (Megatron-LM's ``finalize_model_grads`` order)."""
         for work, meta, start, end in self._syncs:
             self.clock.wait(work, end)
             self.recorder.add(meta, start, end)
         self._syncs = []
-        if self.dp > 1 and self.strategy.grad_sync == "bulk":
-            with self.recorder.span("dp", "dp_allreduce", f"grads rank {self.pipe_rank}", -1, self.pipe_rank, -1):
-                dist.all_reduce(self.grad_buffer, group=self.groups["dp"])
+        for bucket in self.buckets:
+            if bucket.bucket.ready is None:
+                with self.recorder.span("dp", "dp_allreduce", bucket.name, -1, self.pipe_rank, -1):
+                    dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"])
         if "tied" in self.groups:
             li, param, name = self.groups["tied_param"]
             with self.recorder.span("dp", "dp_allreduce", name, li, self.pipe_rank, -1):

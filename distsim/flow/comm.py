@@ -123,12 +123,8 @@ class CommWriter:
         return SyncContext(units, allreduce_s, fit, settings)
 
     def bucket_name(self, bucket: Bucket, rank: int) -> str:
-        """``grads rank R`` (after backward), ``grads LAYER`` (one whole layer) or ``grads FIRST..LAST``."""
-        layers = self.flow.model.layers
-        if bucket.ready is None:
-            return f"grads rank {rank}"
-        first, last = bucket.layers[0], bucket.layers[-1]
-        return f"grads {layers[first].name}" if first == last else f"grads {layers[first].name}..{layers[last].name}"
+        """The all-reduce's event name (:func:`bucket_name`)."""
+        return bucket_name(self.flow.model, bucket, rank)
 
     def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
         """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce. With the
@@ -160,6 +156,17 @@ class CommWriter:
         optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
         """
         return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+
+
+def bucket_name(model: Model, bucket: Bucket, rank: int) -> str:
+    """A gradient bucket's all-reduce as the simulator and the executor name it: ``grads rank R`` (after backward, R
+    the pipeline rank), ``grads LAYER`` (one layer's gradients) or ``grads FIRST..LAST`` (the layers it carries, in
+    backward order)."""
+    if bucket.ready is None:
+        return f"grads rank {rank}"
+    first, last = bucket.layers[0], bucket.layers[-1]
+    names = model.layers
+    return f"grads {names[first].name}" if first == last else f"grads {names[first].name}..{names[last].name}"
 
 
 def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:
