@@ -82,6 +82,7 @@ def execute(**kw: Any) -> None:
     ranges = resolve_partition(model, strategy, costs)
     if strategy.partition is None:
         strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
+    strategy = _with_merge_plan(model, cluster, strategy, costs)
     _refuse_out_of_memory(model, cluster, strategy, ranges, kw["force"])
     need_torch("execute")
     emulation = (
@@ -118,6 +119,20 @@ def execute(**kw: Any) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any:
+    """A planned gradient synchronisation (mgwfbp) with its merge plan resolved from the costs (the profile, else
+    analytic) before anything runs: every rank runs the same groups, and the trace's plan records them, so that
+    `distsim validate` simulates these groups and not a plan of its own costs."""
+    from distsim.flow.sync import MODES
+    from distsim.flow.uniform import merge_groups
+
+    if not MODES[strategy.grad_sync].planned or strategy.grad_groups:
+        return strategy
+    groups = merge_groups(model, cluster, strategy, costs)
+    click.echo(f"{strategy.grad_sync} merge plan: " + "/".join(f"{lo}-{hi}" for lo, hi in groups), err=True)
+    return strategy.with_(grad_groups=groups)
 
 
 def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, force: bool) -> None:

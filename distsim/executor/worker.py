@@ -87,6 +87,9 @@ def run(cfg: ExecuteConfig) -> None:
                       cfg.p2p_blocking, cfg.lr)  # fmt: skip
     if "tied_layers" in groups:
         runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
+    if strategy.dp > 1 and runtime.grad_units() != runtime.simulated_units():  # a model file without Block.tensors
+        _log(f"warning: rank {rank}'s parameter tensors are not the model's (its blocks' tensors): its gradient "
+             f"buckets ({len(runtime.buckets)}) may not be the ones the simulator predicts")  # fmt: skip
     offsets = _clock_offsets(rank, world, device) if world > 1 else {0: 0.0}
     total = cfg.warmup + cfg.iterations
     for it in range(total):
