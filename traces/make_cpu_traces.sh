@@ -7,8 +7,10 @@
 #   1. profile the events of the group's strategies right before running them (this VM's speed drifts by +-15 %
 #      over tens of minutes, so a profile taken long before would mostly measure that drift);
 #   2. execute every 2-rank strategy: 2P with GPipe and 1F1B at 2, 4 and 8 micro-batches; 2D with bulk and
-#      per-layer overlapped (WFBP) gradient sync; 2M. The executor uses the partition the simulator would with
+#      per-layer overlapped (WFBP) gradient sync, and for gpt2-cpu and bert-cpu with DDP's buckets and MG-WFBP's
+#      merged layers; 2M. The executor uses the partition (and the MG-WFBP merge plan) the simulator would with
 #      that profile, and records the profile in the trace.
+# traces/make_sync_traces.sh records only the DDP and MG-WFBP traces, with the profiles this script made.
 # Then `distsim validate --suite traces` predicts every trace with its own profile and prints the error table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,12 @@ for model in gpt2-cpu bert-cpu t5-cpu; do
       for m in 2 4 8; do run "1M2P1D-$schedule-M$m" --strategy 1M2P1D --schedule "$schedule" --micro-batches "$m"; done
     done
     for sync in bulk wfbp; do run "1M1P2D-$sync-M4" --strategy 1M1P2D --grad-sync "$sync" --micro-batches 4; done
+    if [ "$model" != t5-cpu ]; then
+      # DDP's buckets at 4 MiB: at DDP's default 25 MiB the fp32 gradients of gpt2-cpu (64 MiB) make only 3 buckets
+      # and bert-cpu's (132 MiB) 5; at 4 MiB each makes 13, several of them splitting a layer
+      run "1M1P2D-ddp-M4" --strategy 1M1P2D --grad-sync ddp --bucket-cap-mb 4 --micro-batches 4
+      run "1M1P2D-mgwfbp-M4" --strategy 1M1P2D --grad-sync mgwfbp --micro-batches 4  # merge plan from the profile
+    fi
     run "2M1P1D-M4" --strategy 2M1P1D --micro-batches 4
   done
 done
