@@ -54,6 +54,50 @@ def test_two_ranks_reproduce_the_single_process_reference(tmp_path: Path, model:
         torch.testing.assert_close(got["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+SMALL_GPT = "gpt2-345m:seq=32,layers=4,hidden=128,heads=4,vocab=1024,precision=fp32"
+"""About 3.7 MB of fp32 gradients: DDP buckets of 0.5 MiB after the first one of 1 MiB make several."""
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "buckets"),
+    [
+        ("1M1P2D", ["--grad-sync", "ddp", "--bucket-cap-mb", "0.5"], 6),
+        ("tp=1 pp=1 dp=2 sync=mgwfbp groups=0-2/2-5/5-6", [], 3),
+        ("1M1P2D", ["--grad-sync", "mgwfbp"], None),  # execute plans the merge from the (analytic) costs
+    ],
+)
+def test_bucketed_gradient_sync_reproduces_the_reference_with_the_simulators_buckets(
+    tmp_path: Path, strategy: str, extra: list[str], buckets: int | None
+) -> None:
+    """Two data-parallel ranks under DDP's buckets and MG-WFBP merge plans train as one process does, and each rank's
+    gradient all-reduces are the simulator's: the same names, in the same order (so the same count)."""
+    from distsim import simulate
+
+    check, out = tmp_path / "check.pt", tmp_path / "trace.json"
+    run = distsim("execute", "--model", SMALL_GPT, "--cluster", "cpu-1x2", "--strategy", strategy, "--micro-batches",
+                  "2", "--micro-batch-size", "2", *extra, "--emulate-nodes", "1", "--procs-per-node", "2",
+                  "--iterations", "1", "--warmup", "0", "--check", str(check), "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    trace = json.loads(out.read_text())
+    planned = Strategy.from_str(trace["plan"]["strategy"])
+    assert planned.grad_sync in ("ddp", "mgwfbp") and (planned.grad_sync == "ddp") != bool(planned.grad_groups)
+    model, cluster = get_model(SMALL_GPT), get_cluster("cpu-1x2")
+    got = torch.load(check)
+    want = reference_step(model, cluster, planned)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert set(got["grads"]) == set(want["grads"])
+    for name, g in want["grads"].items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+    sim = simulate(model, cluster, planned).timeline.df
+    expected = list(sim[(sim["gpu"] == 0) & (sim["kind"] == "dp_allreduce")].sort_values("start_s")["name"])
+    assert buckets is None or len(expected) == buckets
+    cols = trace["iterations"][0]["columns"]
+    for gpu in (0, 1):
+        rows = sorted((s, n) for g, st, k, n, s in zip(cols["gpu"], cols["stream"], cols["kind"], cols["name"],
+                      cols["start_s"], strict=True) if g == gpu and k == "dp_allreduce" and st == "dp")  # fmt: skip
+        assert [n for _, n in rows] == expected
+
+
 def test_trace_has_the_timeline_schema_and_every_event(tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     run = distsim("execute", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batches", "4",
