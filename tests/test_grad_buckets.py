@@ -137,15 +137,17 @@ def _real_ddp_buckets(runtime: Any, cap_mb: float | None) -> list[list[int]]:
 @pytest.mark.parametrize("cap_mb", [0.5, 1.0])
 def test_ddp_buckets_are_pytorchs_assignment(cap_mb: float) -> None:
     """The ddp mode's buckets of an executor rank's gradients are ``dist._compute_bucket_assignment_by_size`` of the
-    parameters reversed with DDP's limits [1 MiB, cap] (what the strategy's ddp uses), several of them, with a layer
-    split over two; the executor's buckets are the mode's and slices of its buffer."""
+    parameters reversed with DDP's limits [first bucket, cap] (the strategy's: the cap for both when one is given),
+    several of them, with a layer split over two; the executor's buckets are the mode's and slices of its buffer."""
     import torch.distributed as dist
 
     runtime = _runtime(SMALL_GPT, f"tp=1 pp=1 dp=2 mb=2 sync=ddp cap={cap_mb}")
-    ours = _ddp_indices(runtime, SyncSettings(bucket_cap_mb=cap_mb))
+    settings = SyncSettings.of(cap_mb)
+    ours = _ddp_indices(runtime, settings)
     params = [p for li in sorted(runtime.layer_params) for p in runtime.layer_params[li]]
     n = len(params)
-    theirs, _limits = dist._compute_bucket_assignment_by_size(params[::-1], [MB, int(cap_mb * MB)])
+    limits = [int(settings.first_bucket_mb * MB), int(cap_mb * MB)]
+    theirs, _limits = dist._compute_bucket_assignment_by_size(params[::-1], limits)
     assert ours == [[n - 1 - i for i in bucket] for bucket in theirs]
     assert len(ours) >= 4
     layers = [set(b.bucket.layers) for b in runtime.buckets]
@@ -163,11 +165,10 @@ def test_ddp_buckets_are_a_real_distributed_data_parallels(cap_mb: float | None)
     LayerNorm autograd hands DDP the weight's gradient before the bias's, not in reverse registration order).
 
     torch 2.13 makes the first bucket 1 MiB only with its default cap (``_BucketCapacityConfig``: a bucket_cap_mb
-    the user gives is the first bucket's limit too), so the mode is compared with that first bucket here; the
-    strategy's ddp keeps a first bucket of 1 MiB whatever the cap (test above)."""
+    the user gives is the first bucket's limit too); a strategy's settings (``SyncSettings.of``) do the same."""
     runtime = _runtime(SMALL_GPT, "tp=1 pp=1 dp=2 mb=2 sync=ddp")
     real = _real_ddp_buckets(runtime, cap_mb)
-    settings = SyncSettings() if cap_mb is None else SyncSettings(bucket_cap_mb=cap_mb, first_bucket_mb=cap_mb)
+    settings = SyncSettings.of(25.0 if cap_mb is None else cap_mb)
     ours = _ddp_indices(runtime, settings)
     assert [sorted(b) for b in ours] == [sorted(b) for b in real]
     assert len(ours) >= (2 if cap_mb is None else 4)

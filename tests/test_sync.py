@@ -121,3 +121,15 @@ def test_cli_offers_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, err
     code, out, err = run_cli([*args, "--grad-sync", "fast"], capsys)
     assert code == 2 and "'fast' is not one of 'bulk', 'wfbp', 'ddp'" in err
+
+
+def test_bucket_names_stay_unique_when_ddp_splits_a_layer() -> None:
+    from distsim.flow.comm import bucket_names
+
+    tiny = SyncContext(_units(), lambda n: 1.0, settings=SyncSettings(bucket_cap_mb=60 / MB, first_bucket_mb=40 / MB))
+    lowered = lower("ddp", tiny)  # layer 2's two tensors land in two buckets
+    names = bucket_names(chain_model([(1.0, 2.0, 1, 0.0)] * 3), lowered.buckets, 0)
+    assert [names[b] for b in lowered.buckets] == ["grads l2", "grads l2 #2", "grads l0"]
+    assert [bucket_names(HAND, lower("bulk", tiny).buckets, 3)[b] for b in lower("bulk", tiny).buckets] == [
+        "grads rank 3"
+    ]

@@ -15,7 +15,7 @@ produced it runs backward. This mirrors the simulator's event flow:
 
 The buckets are the simulator's: the rank describes its gradients to :mod:`distsim.flow.sync` (bytes of each parameter
 tensor per layer, from its own parameters) and lowers the strategy's ``grad_sync`` with it, so a trace's data-parallel
-rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_name`). Each bucket is one slice of the
+rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_names`). Each bucket is one slice of the
 rank's contiguous gradient buffer.
 
 Times come from the rank's clock (:mod:`distsim.executor.clock`): ``time.perf_counter`` (CLOCK_MONOTONIC, shared by
@@ -41,7 +41,7 @@ from distsim.errors import DistsimError
 from distsim.executor import data
 from distsim.executor.clock import Clock, HostClock, Mark, clock_for
 from distsim.executor.model import build_modules, unique_parameters
-from distsim.flow.comm import bucket_name
+from distsim.flow.comm import bucket_names
 from distsim.flow.sync import MODES, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
@@ -320,16 +320,16 @@ class Runtime:
         if MODES[s.grad_sync].planned and not s.grad_groups:
             raise DistsimError(f"grad_sync {s.grad_sync} needs its merge plan (grad_groups) to execute; distsim "
                                "execute plans it with distsim.flow.uniform.merge_groups")  # fmt: skip
-        settings = SyncSettings(bucket_cap_mb=s.bucket_cap_mb, groups=s.grad_groups)
+        settings = SyncSettings.of(s.bucket_cap_mb, s.grad_groups)
         lowered = lower(s.grad_sync, SyncContext(self.grad_units(), lambda _n: 0.0, None, settings))
         out = []
         size = self.grad_buffer.element_size()
+        names = bucket_names(self.model, lowered.buckets, self.pipe_rank)
         for bucket in lowered.buckets:
             spans = sorted(self.spans[t] for t in bucket.tensors)
             if any(a[1] != b[0] for a, b in pairwise(spans)) or (spans[-1][1] - spans[0][0]) * size != bucket.nbytes:
                 raise AssertionError(f"gradient bucket {bucket} is not one slice of the gradient buffer")
-            out.append(GradBucket(bucket, slice(spans[0][0], spans[-1][1]), bucket_name(self.model, bucket,
-                                                                                         self.pipe_rank)))  # fmt: skip
+            out.append(GradBucket(bucket, slice(spans[0][0], spans[-1][1]), names[bucket]))
         return out
 
     def _sources(self, li: int) -> tuple[str, ...]:

@@ -4,6 +4,8 @@ their overlap shadows, and the optimizer step after them. Both flow builders (:m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, CostSource, optimizer_key
 from distsim.flow.events import (
@@ -21,7 +23,7 @@ from distsim.flow.events import (
     EventFlow,
     FlowOptions,
 )
-from distsim.flow.sync import Bucket, GradUnit, SyncContext, SyncSettings, tensor_bytes
+from distsim.flow.sync import Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
 from distsim.models.graph import Model
 from distsim.placement import CommInstance
 from distsim.strategy import Strategy
@@ -36,6 +38,7 @@ class CommWriter:
         self.host = models_host(options, flow.model, flow.cluster, flow.strategy, costs)
         """Model each simulated GPU's host enqueuing its kernels (see :meth:`launch`)."""
         self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
+        self._bucket_names: dict[int, dict[Bucket, str]] = {}  # id(Lowered) -> names
         self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
         self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
 
@@ -119,12 +122,15 @@ class CommWriter:
         db = getattr(self.costs, "db", None)  # a profile's alpha-beta fit of this all-reduce, where it has one
         found = db.fit("all_reduce", scope, n) if db is not None else None
         fit = (found.alpha_s, found.beta_s_per_byte) if found is not None else None
-        settings = SyncSettings(bucket_cap_mb=strategy.bucket_cap_mb, groups=strategy.grad_groups)
+        settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
         return SyncContext(units, allreduce_s, fit, settings)
 
-    def bucket_name(self, bucket: Bucket, rank: int) -> str:
-        """The all-reduce's event name (:func:`bucket_name`)."""
-        return bucket_name(self.flow.model, bucket, rank)
+    def bucket_name(self, lowered: Lowered, bucket: Bucket, rank: int) -> str:
+        """The all-reduce's event name (:func:`bucket_names`)."""
+        names = self._bucket_names.get(id(lowered))
+        if names is None:
+            names = self._bucket_names[id(lowered)] = bucket_names(self.flow.model, lowered.buckets, rank)
+        return names[bucket]
 
     def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
         """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce. With the
@@ -158,15 +164,25 @@ class CommWriter:
         return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
 
 
-def bucket_name(model: Model, bucket: Bucket, rank: int) -> str:
-    """A gradient bucket's all-reduce as the simulator and the executor name it: ``grads rank R`` (after backward, R
-    the pipeline rank), ``grads LAYER`` (one layer's gradients) or ``grads FIRST..LAST`` (the layers it carries, in
-    backward order)."""
-    if bucket.ready is None:
-        return f"grads rank {rank}"
-    first, last = bucket.layers[0], bucket.layers[-1]
-    names = model.layers
-    return f"grads {names[first].name}" if first == last else f"grads {names[first].name}..{names[last].name}"
+def bucket_names(model: Model, buckets: Sequence[Bucket], rank: int) -> dict[Bucket, str]:
+    """A rank's gradient buckets' all-reduces as the simulator and the executor name them: ``grads rank R`` (after
+    backward, R the pipeline rank), ``grads LAYER`` (one layer's gradients) or ``grads FIRST..LAST`` (the layers it
+    carries, in backward order); when DDP splits a layer over buckets, the second and later buckets of the same name
+    get ``#2``, ``#3`` (names stay unique, in issue order)."""
+    out: dict[Bucket, str] = {}
+    seen: dict[str, int] = {}
+    layers = model.layers
+    for bucket in buckets:
+        if bucket.ready is None:
+            name = f"grads rank {rank}"
+        else:
+            first, last = bucket.layers[0], bucket.layers[-1]
+            name = (
+                f"grads {layers[first].name}" if first == last else f"grads {layers[first].name}..{layers[last].name}"
+            )
+        seen[name] = seen.get(name, 0) + 1
+        out[bucket] = name if seen[name] == 1 else f"{name} #{seen[name]}"
+    return out
 
 
 def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:

@@ -193,7 +193,9 @@ class _PlanBuilder(CommWriter):
         """A gradient bucket of stage s all-reduced over the stage's own replicas."""
         layer = -1 if bucket.ready is None else bucket.ready
         overlap = layer >= 0 and layer != min(self.held[s])
-        self.allreduce(self.dp_group[s], bucket.nbytes, self.bucket_name(bucket, s), layer, s, deps, overlap)
+        self.allreduce(
+            self.dp_group[s], bucket.nbytes, self.bucket_name(self.sync[s], bucket, s), layer, s, deps, overlap
+        )
 
     def finish(self) -> None:
         """Per-stage gradient all-reduce (buckets that wait for the whole backward), tied copies' all-reduce, then

@@ -75,7 +75,15 @@ class SyncSettings:
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     first_bucket_mb: float = DDP_FIRST_BUCKET_MB
     groups: tuple[tuple[int, int], ...] = ()
-    """For mode ``groups``: layer ranges [lo, hi) merged into one all-reduce each, covering the rank's layers."""
+    """For the mgwfbp modes: a merge plan's layer ranges [lo, hi), one all-reduce each; empty: planned."""
+
+    @classmethod
+    def of(cls, bucket_cap_mb: float, groups: tuple[tuple[int, int], ...] = ()) -> SyncSettings:
+        """The settings of a strategy. As torch 2.13's DistributedDataParallel does, the first bucket is 1 MiB only
+        at the default cap; a cap given explicitly applies to the first bucket too (``_BucketCapacityConfig``; a
+        real DDP on gloo rebuilds four equal 0.5 MiB buckets at ``bucket_cap_mb=0.5``, tests/test_grad_buckets.py)."""
+        first = DDP_FIRST_BUCKET_MB if bucket_cap_mb == DDP_BUCKET_CAP_MB else bucket_cap_mb
+        return cls(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first, groups=groups)
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,9 @@ def ddp_buckets(sizes: Sequence[int], cap_bytes: float, first_cap_bytes: float) 
 @dataclass(frozen=True)
 class Ddp:
     name: str = "ddp"
-    summary: str = "PyTorch DDP buckets of --bucket-cap-mb (first 1 MB) in reverse parameter order"
+    summary: str = (
+        "PyTorch DDP buckets of --bucket-cap-mb (the first 1 MiB at the default cap) in reverse parameter order"
+    )
     planned: bool = False
 
     def buckets(self, ctx: SyncContext) -> tuple[Bucket, ...]:

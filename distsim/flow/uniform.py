@@ -350,7 +350,7 @@ class _Builder(CommWriter):
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
         """A gradient bucket's all-reduce, one per tp rank over the replicas; returns the task ids."""
-        name = self.bucket_name(bucket, r)
+        name = self.bucket_name(self.sync[r], bucket, r)
         layer = -1 if bucket.ready is None else bucket.ready
         instances = self.placement.dp_groups(r)
         overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
@@ -416,7 +416,7 @@ def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int,
     units = tuple(GradUnit(i, tensors[i]) for i in sorted(held, reverse=True))
     if MODES[strategy.grad_sync].planned and not strategy.grad_groups:
         return sum(u.nbytes > 0 for u in units), 0
-    settings = SyncSettings(bucket_cap_mb=strategy.bucket_cap_mb, groups=strategy.grad_groups)
+    settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
     lowered = lower(strategy.grad_sync, SyncContext(units, lambda n: 0.0, None, settings))
     return len(lowered.buckets) - len(lowered.at_end), len(lowered.at_end)
 
