@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 WARMUP_POLICIES = ("A", "B")
+RECOMPUTE_MODES = ("none", "selective", "full")
+SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
 _SCHEDULE_ALIASES = {"dapple": "1f1b", "1f1b-interleaved": "interleaved", "interleaved-1f1b": "interleaved"}
 
 
@@ -55,6 +57,18 @@ class Strategy:
     """DDP's bucket size in MiB (ddp only)."""
     grad_groups: tuple[tuple[int, int], ...] = ()
     """A merge plan (mgwfbp modes): layer ranges [start, end), each all-reduced as one message; empty: planned."""
+    recompute: str = "none"
+    """Activation recomputation (Korthikanti et al. 2022): none, selective (the attention core is recomputed in
+    backward) or full (each block's forward runs again before its backward; only block inputs are kept)."""
+    recompute_layers: int | None = None
+    """Recompute only the first N layers of each stage (Megatron's recompute_num_layers); None: every layer."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism (tp > 1): the tp all-reduces become reduce-scatter + all-gather pairs around
+    layer norm and dropout, whose activations divide by tp."""
+    optimizer_sharding: str = "none"
+    """Optimizer state sharded over the data-parallel group: none, zero1 (optimizer states), zero2 (and gradients:
+    reduce-scatter instead of all-reduce), zero3 (and parameters: all-gathered before each layer's forward and
+    backward, as FSDP)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches"):
@@ -68,6 +82,7 @@ class Strategy:
         if self.grad_sync not in MODES:
             raise StrategyError(f"unknown grad_sync {self.grad_sync!r}; choose one of {', '.join(MODES)}")
         self._check_grad_options()
+        self._check_memory_options()
         policy = str(self.warmup_policy).upper()
         if policy not in WARMUP_POLICIES:
             raise StrategyError(f"warm-up policy must be A or B, got {self.warmup_policy!r}")
@@ -85,6 +100,29 @@ class Strategy:
                 )
             if any(not isinstance(n, int) or n < 1 for n in part):
                 raise StrategyError(f"every stage of the partition needs at least one layer, got {part}")
+
+    def _check_memory_options(self) -> None:
+        if self.recompute not in RECOMPUTE_MODES:
+            raise StrategyError(f"unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
+        if self.recompute_layers is not None:
+            if self.recompute == "none":
+                raise StrategyError("recompute_layers needs recompute selective or full")
+            if (
+                isinstance(self.recompute_layers, bool)
+                or not isinstance(self.recompute_layers, int)
+                or (self.recompute_layers < 1)
+            ):
+                raise StrategyError(f"recompute_layers must be a positive integer, got {self.recompute_layers!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise StrategyError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise StrategyError(
+                "sequence parallelism splits the sequence over the tensor-parallel group: it needs tp > 1"
+            )
+        if self.optimizer_sharding not in SHARDING_MODES:
+            raise StrategyError(
+                f"unknown optimizer_sharding {self.optimizer_sharding!r}; choose one of {', '.join(SHARDING_MODES)}"
+            )
 
     def _check_grad_options(self) -> None:
         cap = self.bucket_cap_mb
@@ -165,6 +203,14 @@ class Strategy:
             parts.append(f"cap={self.bucket_cap_mb:g}")
         if self.grad_groups:
             parts.append("groups=" + "/".join(f"{lo}-{hi}" for lo, hi in self.grad_groups))
+        if self.recompute != "none":
+            parts.append(f"recompute={self.recompute}")
+        if self.recompute_layers is not None:
+            parts.append(f"recompute_layers={self.recompute_layers}")
+        if self.sequence_parallel:
+            parts.append("sp=1")
+        if self.optimizer_sharding != "none":
+            parts.append(f"zero={self.optimizer_sharding}")
         if self.partition is not None:
             parts.append("partition=" + ":".join(map(str, self.partition)))
         return " ".join(parts)
@@ -218,6 +264,12 @@ _READABLE_KEYS = {
     "bucket_cap_mb": "bucket_cap_mb",
     "groups": "grad_groups",
     "grad_groups": "grad_groups",
+    "recompute": "recompute",
+    "recompute_layers": "recompute_layers",
+    "sp": "sequence_parallel",
+    "sequence_parallel": "sequence_parallel",
+    "zero": "optimizer_sharding",
+    "optimizer_sharding": "optimizer_sharding",
 }
 _INT_FIELDS = {f.name for f in fields(Strategy) if f.type in ("int", "int | None")}
 
@@ -232,7 +284,8 @@ def _parse_readable(text: str) -> dict[str, object]:
         if not sep or field_name is None:
             raise StrategyError(
                 f"cannot read {item!r} in strategy {text!r}; expected key=value with key in "
-                f"tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, partition"
+                "tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
+                "zero, partition"
             )
         try:
             if field_name == "partition":
@@ -241,6 +294,10 @@ def _parse_readable(text: str) -> dict[str, object]:
                 out[field_name] = parse_groups(value)
             elif field_name == "bucket_cap_mb":
                 out[field_name] = float(value)
+            elif field_name == "sequence_parallel":
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                out[field_name] = value.lower() in ("1", "true", "yes")
             elif field_name in _INT_FIELDS:
                 out[field_name] = int(value)
             else:
