@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from distsim.errors import StrategyError
-from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES
+from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES, SHARDINGS
 
 if TYPE_CHECKING:
     from distsim.cluster import Cluster
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 WARMUP_POLICIES = ("A", "B")
 RECOMPUTE_MODES = ("none", "selective", "full")
-SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
+SHARDING_MODES = tuple(SHARDINGS)
+"""The optimizer shardings of :mod:`distsim.flow.sync` (none, zero1, zero2, zero3)."""
 _SCHEDULE_ALIASES = {"dapple": "1f1b", "1f1b-interleaved": "interleaved", "interleaved-1f1b": "interleaved"}
 
 

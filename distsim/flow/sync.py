@@ -18,6 +18,21 @@ Modes (:data:`MODES`; a new one is a class with :meth:`SyncMode.buckets` and :fu
 * ``mgwfbp``: MG-WFBP's greedy merge of layers (Shi et al. 2019, Algorithm 1), from the all-reduce's latency and
   per-byte cost on the data-parallel group and the layers' backward times; ``mgwfbp-optimal`` the exact merge
   (:mod:`distsim.mgwfbp`); ``groups``: a merge plan given as layer groups (a plan file's).
+
+A sharded optimizer (ZeRO, Rajbhandari et al. 2020; :data:`SHARDINGS`, the strategy's ``optimizer_sharding``)
+composes with every mode as a second pass over the lowered buckets, :meth:`Sharding.apply`: the buckets stay what the
+mode made them, and only what each becomes changes.
+
+* ``zero1`` / ``zero2`` (Megatron-LM's distributed optimizer; DeepSpeed ZeRO stages 1 and 2): each bucket is
+  reduce-scattered over the data-parallel group instead of all-reduced, each rank's optimizer step updates its 1/d of
+  the parameters, and then each bucket's parameters are all-gathered, one all-gather per bucket in bucket order after
+  the step (Megatron's per-bucket parameter all-gather without ``--overlap-param-gather``). The two stages differ in
+  memory only (ZeRO-2 also frees the gradients outside the rank's shard), not in time.
+* ``zero3`` (FSDP, ZeRO stage 3): reduce-scattered buckets and a 1/d step as well; the parameters are not gathered
+  after the step but before each layer's forward and before its backward (the flow builders emit those, with FSDP's
+  prefetch: :func:`distsim.flow.comm.prefetch_gates`), and freed after use.
+
+Without data parallelism (d = 1) nothing is synchronised and nothing is sharded.
 """
 
 from __future__ import annotations
@@ -93,9 +108,10 @@ class SyncContext:
     units: tuple[GradUnit, ...]
     """One per layer with gradients on the rank, in the order their backward finishes (the last layer first)."""
     allreduce_s: Callable[[int], float]
-    """Seconds of one all-reduce of that many bytes over the rank's data-parallel group."""
+    """Seconds of one gradient collective of that many bytes over the rank's data-parallel group: an all-reduce, or
+    a reduce-scatter under a sharded optimizer (planners weigh what the buckets will cost)."""
     fit: tuple[float, float] | None = None
-    """(latency a, seconds per byte b) of that all-reduce when the cost source has a fit (a profile's)."""
+    """(latency a, seconds per byte b) of that collective when the cost source has a fit (a profile's)."""
     settings: SyncSettings = field(default_factory=SyncSettings)
 
 
@@ -124,9 +140,13 @@ def mode_names() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Lowered:
-    """A rank's buckets, indexed the way a flow builder walks backward."""
+    """A rank's buckets, indexed the way a flow builder walks backward, and what a sharded optimizer makes of them."""
 
     buckets: tuple[Bucket, ...]
+    collective: str = "all_reduce"
+    """What each bucket's gradients go through: ``all_reduce``, or ``reduce_scatter`` (a sharded optimizer)."""
+    gathers: tuple[Bucket, ...] = ()
+    """Buckets whose parameters are all-gathered after the optimizer step (ZeRO-1/2), in this order."""
 
     @cached_property
     def by_layer(self) -> dict[int, tuple[Bucket, ...]]:
@@ -148,12 +168,58 @@ class Lowered:
         return frozenset(self.by_layer)
 
 
-def lower(name: str, ctx: SyncContext) -> Lowered:
-    """The buckets of mode `name` for the rank's gradients (empty buckets left out)."""
+@dataclass(frozen=True)
+class Sharding:
+    """How the optimizer's state is split over the data-parallel group, as gradient synchronisation sees it."""
+
+    name: str
+    summary: str
+    gradients: str = "all_reduce"
+    """The collective of each gradient bucket: ``all_reduce``, or ``reduce_scatter`` (each rank keeps its 1/d)."""
+    gather_after_step: bool = False
+    """Each bucket's parameters are all-gathered after the optimizer step (every rank updated only its 1/d)."""
+    gather_per_layer: bool = False
+    """Each layer's parameters are all-gathered before its forward and before its backward (FSDP)."""
+
+    @property
+    def divides_step(self) -> bool:
+        """Whether each rank's optimizer step updates only its 1/d of the parameters."""
+        return self.gradients == "reduce_scatter"
+
+    def apply(self, lowered: Lowered) -> Lowered:
+        """The pass over a mode's buckets: the same buckets, through this sharding's collectives."""
+        gathers = lowered.buckets if self.gather_after_step else ()
+        return Lowered(lowered.buckets, self.gradients, gathers)
+
+
+SHARDINGS: dict[str, Sharding] = {}
+
+
+def register_sharding(sharding: Sharding) -> Sharding:
+    SHARDINGS[sharding.name] = sharding
+    return sharding
+
+
+for _sharding in (
+    Sharding("none", "every rank all-reduces the gradients and updates all parameters"),
+    Sharding("zero1", "optimizer states sharded: gradients reduce-scattered, a 1/d step, parameters all-gathered "
+             "after it (Megatron's distributed optimizer)", "reduce_scatter", gather_after_step=True),
+    Sharding("zero2", "zero1 with the gradients sharded too (the same communication; less memory)", "reduce_scatter",
+             gather_after_step=True),
+    Sharding("zero3", "parameters sharded too: all-gathered before each layer's forward and backward (FSDP, with "
+             "prefetch), gradients reduce-scattered, a 1/d step", "reduce_scatter", gather_per_layer=True),
+):  # fmt: skip
+    register_sharding(_sharding)
+
+
+def lower(name: str, ctx: SyncContext, sharding: str = "none") -> Lowered:
+    """The buckets of mode `name` for the rank's gradients (empty buckets left out), through `sharding`."""
     mode = MODES.get(name)
     if mode is None:
         raise ValueError(f"unknown gradient synchronisation {name!r}; choose from {', '.join(MODES)}")
-    return Lowered(tuple(b for b in mode.buckets(ctx) if b.nbytes > 0))
+    if sharding not in SHARDINGS:
+        raise ValueError(f"unknown optimizer sharding {sharding!r}; choose from {', '.join(SHARDINGS)}")
+    return SHARDINGS[sharding].apply(Lowered(tuple(b for b in mode.buckets(ctx) if b.nbytes > 0)))
 
 
 def tensor_bytes(elements: Sequence[float], bytes_per_element: float) -> tuple[int, ...]:
