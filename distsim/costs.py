@@ -21,7 +21,8 @@ Two sources implement :class:`CostSource`:
   time (``Cost.launch_s``) is the profile's where it has one (CUDA profiles), else the fallback's estimate.
 
 Every cost says where it came from: ``given`` (in the model file), ``measured``, ``interpolated``, ``fitted``,
-``scaled`` or ``analytic``.
+``scaled``, ``analytic`` or ``share`` (:func:`share_cost`: an event derived from a measured or given block, such as
+its sequence-parallel form or its attention core, as the analytic model's share of the block's cost).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from distsim.cluster import Cluster
+from distsim.cluster import GPU, Cluster
 from distsim.collectives import collective_s
 from distsim.collectives import ring_steps as ring_steps  # re-exported: the ring figures other modules use
 from distsim.collectives import ring_volume as ring_volume
@@ -108,6 +109,31 @@ class CostSource(Protocol):
     def interference(self, scope: str) -> tuple[float, float]:
         """(compute slowdown, comm slowdown) while communication of `scope` overlaps compute on one GPU."""
         ...
+
+
+def share_cost(costs: CostSource, gpu: GPU, base: ComputeEvent, derived: ComputeEvent) -> Cost:
+    """The cost of `derived`, an event derived from a block's event `base` (the block under sequence parallelism,
+    or its attention core for selective recomputation), whose blocks both list their kernels (ops).
+
+    Where the cost source estimates the block itself (``analytic``), or measured the derived event (a profile that
+    has its key), the source's own cost. Otherwise (the block measured or given, the derived event not) the block's
+    cost times the analytic model's ratio of the two on `gpu` (:func:`distsim.kernels.block_s`), source ``share``:
+    a profile of Megatron's layer measures no sequence-parallel layer norm and no attention core apart, and the
+    share keeps what the profile says about the rest (a strict profile does not refuse it: the block was measured).
+    The block's measured repetitions scale with it (stochastic runs); the host launch time with the kernel count.
+    """
+    cost = costs.compute(base)
+    db = getattr(costs, "db", None)
+    if cost.source == "analytic" or (db is not None and derived.key in db.compute):
+        return costs.compute(derived)
+    mbs, tp = base.micro_batch_size, base.effective_tp
+    base_s, base_kernels = block_s(gpu, base.block.ops, base.phase, mbs, tp)
+    part_s, part_kernels = block_s(gpu, derived.block.ops, derived.phase, derived.micro_batch_size,
+                                   derived.effective_tp)  # fmt: skip
+    ratio = part_s / base_s if base_s > 0 else 1.0
+    launch = cost.launch_s * part_kernels / base_kernels if base_kernels else cost.launch_s
+    samples = tuple(x * ratio for x in cost.samples) if cost.samples else None
+    return Cost(cost.seconds * ratio, "share", samples, launch)
 
 
 def optimizer_key(shard_params: float, state_bytes_per_param: int) -> str:

@@ -27,6 +27,7 @@ KIND_COLORS = {
     "forward": "#4C78A8",
     "backward": "#72B7B2",
     "optimizer": "#54A24B",
+    "recompute": "#EECA3B",
     "tp_allreduce": "#B279A2",
     "p2p": "#E45756",
     "dp_allreduce": "#F58518",
@@ -36,12 +37,13 @@ KIND_LABELS = {
     "forward": "forward",
     "backward": "backward",
     "optimizer": "optimizer step",
-    "tp_allreduce": "tensor-parallel all-reduce",
+    "recompute": "recomputed forward",
+    "tp_allreduce": "tensor-parallel collective",
     "p2p": "pipeline send",
-    "dp_allreduce": "gradient all-reduce",
+    "dp_allreduce": "data-parallel collective",
     "launch": "host enqueuing kernels",
 }
-COMPUTE_ROW = {"forward", "backward", "optimizer"}
+COMPUTE_ROW = {"forward", "backward", "optimizer", "recompute"}
 
 
 class NotebookFigure(Figure):

@@ -1,6 +1,6 @@
-"""Placing communication in an event flow: streams and link queues, p2p transfers, gradient all-reduces with
-their overlap shadows, and the optimizer step after them. Both flow builders (:mod:`distsim.flow.uniform` and
-:mod:`distsim.flow.stages`) emit through it."""
+"""Placing communication in an event flow: streams and link queues, p2p transfers, data-parallel collectives
+(gradient all-reduces or reduce-scatters, ZeRO's parameter all-gathers) with their overlap shadows, and the optimizer
+step after them. Both flow builders (:mod:`distsim.flow.uniform` and :mod:`distsim.flow.stages`) emit through it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ from distsim.flow.events import (
     K_SHADOW,
     S_COMPUTE,
     S_DP,
+    S_GATHER,
     S_HOST,
     S_LINK_INTER,
     S_LINK_INTRA,
     S_P2P,
     EventFlow,
     FlowOptions,
+    StageOp,
 )
-from distsim.flow.sync import Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
+from distsim.flow.sync import SHARDINGS, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
 from distsim.models.graph import Model
 from distsim.placement import CommInstance
 from distsim.strategy import Strategy
@@ -39,7 +41,8 @@ class CommWriter:
         """Model each simulated GPU's host enqueuing its kernels (see :meth:`launch`)."""
         self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
         self._bucket_names: dict[int, dict[Bucket, str]] = {}  # id(Lowered) -> names
-        self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce task
+        self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce (or reduce-scatter) task
+        self.sharding = SHARDINGS[flow.strategy.optimizer_sharding]
         self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
 
     def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -88,18 +91,49 @@ class CommWriter:
         self, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int, deps: list[int], overlap: bool
     ) -> int:
         """A gradient all-reduce over `inst.gpus` after `deps`; `overlap`: backward still runs while it is in flight."""
+        return self.dp_collective("all_reduce", inst, nbytes, name, layer, stage, deps, overlap)
+
+    def dp_collective(self, collective: str, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int,
+                      deps: list[int], overlap: bool, mb: int = -1, gradients: bool = True) -> int:  # fmt: skip
+        """A collective over a data-parallel group `inst.gpus` after `deps`; `overlap`: compute still runs while it
+        is in flight. Gradients go on the ``dp`` stream (the optimizer step waits for the last of them), parameter
+        all-gathers on the ``gather`` stream (FSDP runs them beside the reduce-scatters)."""
         flow = self.flow
-        ev = CommEvent("all_reduce", nbytes, len(inst.gpus), inst.scope, inst.sharers)
+        ev = CommEvent(collective, nbytes, len(inst.gpus), inst.scope, inst.sharers)
         cost = self.costs.comm(ev)
-        key = flow.intern(ev.key, cost, "dp_allreduce")
+        key = flow.intern(ev.key, cost, "dp_" + collective.replace("_", ""))
         members = tuple(g for g in inst.gpus if g in self.speed)
         dur, shadow = cost.seconds, 0.0
         if overlap:
             dur, shadow = self.overlapped(cost.seconds, inst.scope)
-        tid = flow.add(dur, self.comm_slots(S_DP, inst.scope, members), K_DP, name, layer, stage, -1, key, list(deps))
-        self.shadow(shadow, members, list(deps), stage, -1, key)
-        self.last_dp.update(dict.fromkeys(members, tid))
+        slots = self.comm_slots(S_DP if gradients else S_GATHER, inst.scope, members)
+        tid = flow.add(dur, slots, K_DP, name, layer, stage, mb, key, list(deps))
+        self.shadow(shadow, members, list(deps), stage, mb, key)
+        if gradients:
+            self.last_dp.update(dict.fromkeys(members, tid))
         return tid
+
+    def param_bytes(self, grad_bytes: int) -> int:
+        """Bytes of the parameters whose gradients take `grad_bytes` (what a ZeRO all-gather moves)."""
+        precision = self.flow.model.precision
+        return round(grad_bytes * precision.param_bytes / precision.grad_bytes)
+
+    def gather_after_step(self, lowered: Lowered, rank: int, instances: Sequence[CommInstance],
+                          steps: dict[int, int], stage: int) -> None:  # fmt: skip
+        """ZeRO-1/2: each bucket's parameters all-gathered over the data-parallel group once every member's optimizer
+        step (`steps`: gpu -> task) updated its 1/d, one all-gather per bucket and instance (tp rank)."""
+        for bucket in lowered.gathers:
+            name = "params" + self.bucket_name(lowered, bucket, rank).removeprefix("grads")
+            layer = -1 if bucket.ready is None else bucket.ready
+            for inst in instances:
+                deps = [steps[g] for g in inst.gpus if g in steps]
+                self.dp_collective("all_gather", inst, self.param_bytes(bucket.nbytes), name, layer, stage, deps,
+                                   False, gradients=False)  # fmt: skip
+
+    def layer_param_bytes(self, held: set[int], tp: int) -> dict[int, int]:
+        """Bytes of each held layer's parameters (one tp shard) that ZeRO-3 all-gathers before using them."""
+        model = self.flow.model
+        return {i: round(model.stored_params(i, held, tp) * model.precision.param_bytes) for i in held}
 
     def sync_context(
         self, held: set[int], tp: int, inst: CommInstance, backward_s: dict[int, float], chunk: dict[int, int]
@@ -115,12 +149,13 @@ class CommWriter:
             for i in sorted(held, reverse=True)
         )
         n, scope, sharers = len(inst.gpus), inst.scope, inst.sharers
+        collective = self.sharding.gradients  # what the buckets will go through: planners weigh its cost
 
         def allreduce_s(nbytes: int) -> float:
-            return self.costs.comm(CommEvent("all_reduce", nbytes, n, scope, sharers)).seconds
+            return self.costs.comm(CommEvent(collective, nbytes, n, scope, sharers)).seconds
 
-        db = getattr(self.costs, "db", None)  # a profile's alpha-beta fit of this all-reduce, where it has one
-        found = db.fit("all_reduce", scope, n) if db is not None else None
+        db = getattr(self.costs, "db", None)  # a profile's alpha-beta fit of this collective, where it has one
+        found = db.fit(collective, scope, n) if db is not None else None
         fit = (found.alpha_s, found.beta_s_per_byte) if found is not None else None
         settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
         return SyncContext(units, allreduce_s, fit, settings)
@@ -132,12 +167,14 @@ class CommWriter:
             names = self._bucket_names[id(lowered)] = bucket_names(self.flow.model, lowered.buckets, rank)
         return names[bucket]
 
-    def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> None:
-        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce. With the
-        host modelled, the host waits for the gradients first (a synchronisation point: the step reads them, e.g.
-        for the gradient norm or an overflow check) and then enqueues the step's kernels."""
+    def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> dict[int, int]:
+        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce; returns
+        gpu -> its step's task. With the host modelled, the host waits for the gradients first (a synchronisation
+        point: the step reads them, e.g. for the gradient norm or an overflow check) and then enqueues the step's
+        kernels."""
+        out: dict[int, int] = {}
         if shard_params <= 0:
-            return
+            return out
         flow = self.flow
         state = flow.model.precision.state_bytes_per_param
         cost = self.costs.optimizer(shard_params, state)
@@ -155,6 +192,8 @@ class CommWriter:
                            key, deps)  # fmt: skip
             if host is not None:
                 flow.release(host, tid, flow.duration_s[host])
+            out[g] = tid
+        return out
 
     def launch(self, g: int, seconds: float, waits: list[int], stage: int, mb: int, name: str) -> int:
         """The host of GPU g enqueuing `seconds` worth of kernel launches, in program order after its previous
@@ -162,6 +201,19 @@ class CommWriter:
         optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
         """
         return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+
+
+def prefetch_gates(ops: Sequence[StageOp]) -> dict[int, int]:
+    """ZeRO-3's parameter all-gathers in one action's template, with FSDP's prefetch: the index of the op that
+    starts each layer -> the index of the op whose end that layer's all-gather waits for (-1: the action's inputs).
+
+    FSDP issues the next layer's all-gather when the current layer starts computing (forward prefetch, and
+    ``BackwardPrefetch.BACKWARD_PRE``; its rate limiter keeps at most two all-gathers ahead), so it overlaps the
+    current layer's compute. The current layer starts once the layer before it is done; so the all-gather of an
+    action's k-th layer waits for the end of the (k-2)-th, the first two for what the action waits for. The
+    all-gathers run in order on their stream, and each layer's first op waits for its own."""
+    starts = [i for i in range(len(ops)) if i == 0 or ops[i].layer != ops[i - 1].layer]
+    return {s: (starts[k - 1] - 1 if k >= 2 else -1) for k, s in enumerate(starts)}
 
 
 def bucket_names(model: Model, buckets: Sequence[Bucket], rank: int) -> dict[Bucket, str]:

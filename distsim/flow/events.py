@@ -1,7 +1,8 @@
 """Event flow: the task DAG of one training iteration, built hierarchically as in DistSim Sec. 4.3.
 
 1. **Tensor (model) parallelism** maps every block of a layer to a compute event followed, when tp > 1, by an
-   all-reduce over the tp group (forward and backward): :func:`stage_templates`.
+   all-reduce over the tp group (forward and backward), or with sequence parallelism surrounded by an all-gather and
+   a reduce-scatter; activation recomputation then rewrites a layer's backward: :mod:`distsim.flow.templates`.
 2. **Pipeline parallelism** walks the schedule (DistSim Algorithm 1): each (stage, F/B, micro-batch) action expands
    to its stage's events; a forward waits for the previous stage's activation transfer, a backward for the next
    stage's gradient transfer; after an action the result is sent to the neighbour. A send is *non-blocking* by
@@ -9,7 +10,9 @@
    as Algorithm 1 puts it in the device's event list.
 3. **Data parallelism** replicates the pipeline and adds gradient synchronisation: one bulk all-reduce of the
    stage's gradients after the last backward (DistSim), or one all-reduce per layer issued as soon as that layer's
-   last backward finishes and overlapped with the rest of backward (WFBP). The optimizer step follows.
+   last backward finishes and overlapped with the rest of backward (WFBP), or gradient buckets as the modes of
+   :mod:`distsim.flow.sync` lower them, reduce-scattered instead with a sharded optimizer (ZeRO). The optimizer step
+   follows, and with ZeRO the parameters' all-gathers (after the step, or before each layer's forward and backward).
 
 Every task occupies one or more *slots*, an in-order stream of one GPU, like a CUDA stream; a collective is one task
 on all its members, so it starts when every member is ready. Tasks are emitted in a global topological order (the
@@ -35,9 +38,9 @@ is running it is delayed by that share, where the stream idles it costs nothing.
 fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
 simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
 
-This module holds the flow's types and the tensor-parallel level (stage templates); :mod:`distsim.flow.uniform`
-builds the flow of a strategy (pipeline and data-parallel levels), :mod:`distsim.flow.stages` the flow of a stages
-plan, and :mod:`distsim.flow.comm` places the communication both emit.
+This module holds the flow's types; :mod:`distsim.flow.templates` builds the tensor-parallel level (stage templates),
+:mod:`distsim.flow.uniform` the flow of a strategy (pipeline and data-parallel levels), :mod:`distsim.flow.stages`
+the flow of a stages plan, and :mod:`distsim.flow.comm` places the communication both emit.
 """
 
 from __future__ import annotations
@@ -50,18 +53,26 @@ from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource
 from distsim.models.graph import Model
 from distsim.partition import balanced_partition, ranges
-from distsim.placement import CommInstance, Placement
+from distsim.placement import Placement
 from distsim.schedules import Schedule
 from distsim.strategy import Strategy
 
-STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host")
-KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch")
-COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST = range(7)
+STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
+KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch",
+         "recompute")  # fmt: skip
+COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer", "recompute"})
+S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST, S_GATHER = range(8)
+"""S_GATHER: the parameter all-gathers of a sharded optimizer (ZeRO), on a stream of their own as FSDP runs them
+beside the gradient reduce-scatters."""
 LINK_SHARING = ("structural", "serialize")
-K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH = range(8)
-"""K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row.
-K_LAUNCH: the host enqueuing kernels (the ``host`` stream); a timeline row, but neither compute nor communication."""
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH, K_RECOMPUTE = range(9)
+"""K_TP: a collective over the tensor-parallel group (an all-reduce; a reduce-scatter or all-gather with sequence
+parallelism); K_DP: one over the data-parallel group (a gradient all-reduce or reduce-scatter, a tied copies'
+all-reduce, a ZeRO parameter all-gather). The kinds keep their historical names (``tp_allreduce``, ``dp_allreduce``);
+the event key names the collective.
+K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row.
+K_LAUNCH: the host enqueuing kernels (the ``host`` stream); a timeline row, but neither compute nor communication.
+K_RECOMPUTE: a forward run again in backward (activation recomputation); compute."""
 
 
 @dataclass(frozen=True)
@@ -176,8 +187,8 @@ class EventFlow:
     def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int,
                   host: tuple[int, float] | None = None, exact: bool = False) -> int:  # fmt: skip
         """Append a stage template's ops on one GPU at once, each after the one before: exactly the tasks and
-        dependency lists that :meth:`add` would give op by op (a compute op first waits for `first_deps`, a
-        tensor-parallel op only for the op before it), in a fraction of the time. With `host` = (host task, offset),
+        dependency lists that :meth:`add` would give op by op (the first op waits for `first_deps`, every later one
+        for the op before it), in a fraction of the time. With `host` = (host task, offset),
         each op starts no earlier than its launch ends (the chain's launches run back to back from `offset` after
         the host task's start); a constraint the previous op implies is left out unless `exact`. Returns the last
         task id."""
@@ -235,6 +246,10 @@ class StageOp:
     launch: float = 0.0
     """Host seconds to enqueue the op's kernels (0: launches not modelled)."""
 
+    def scaled(self, speed: float) -> float:
+        """Its duration on a GPU `speed` times slower: compute stretches, a collective does not."""
+        return self.dur if self.comm is not None else self.dur * speed
+
 
 @dataclass(frozen=True)
 class Chain:
@@ -248,8 +263,8 @@ class Chain:
     layers: tuple[int, ...]
     keys: tuple[int, ...]
     links: tuple[tuple[bool, int], ...]
-    """Per op: (it waits for the chain's first dependencies: the first op, unless a tensor-parallel op starts the
-    template; the index in the chain of the previous op on its slot, or -1: the slot's last task before it)."""
+    """Per op: (it waits for the chain's first dependencies: the first op; the index in the chain of the previous op
+    on its slot, or -1: the slot's last task before it)."""
     last_on_slot: tuple[tuple[tuple[int, int], int], ...]
     """(slot, index of the chain's last op on it)."""
     launch_ends: tuple[float, ...] = ()
@@ -264,15 +279,16 @@ class Chain:
         return self.launch_ends[-1] if self.launch_ends else 0.0
 
     @classmethod
-    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[int, int]], speed: float, starts: bool = True) -> Chain:
-        """Ops with their slots; compute durations scaled by the GPU's `speed` factor (as :meth:`action` does).
-        `starts`: the chain starts its template (a tensor-parallel op there waits for nothing before it)."""
+    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[int, int]], speed: float) -> Chain:
+        """Ops with their slots; compute durations scaled by the GPU's `speed` factor (as :meth:`action` does). The
+        first op waits for the chain's first dependencies, a compute op or a collective (sequence parallelism's
+        all-gather starts a block)."""
         seen: dict[tuple[int, int], int] = {}
         links = []
-        for i, (op, slot) in enumerate(zip(ops, slots, strict=True)):
-            links.append((i == 0 and not (starts and op.kind == K_TP), seen.get(slot, -1)))
+        for i, slot in enumerate(slots):
+            links.append((i == 0, seen.get(slot, -1)))
             seen[slot] = i
-        durations = tuple(op.dur if op.kind == K_TP else op.dur * speed for op in ops)
+        durations = tuple(op.scaled(speed) for op in ops)
         ends = tuple(accumulate(op.launch for op in ops))
         constrained = tuple(i for i in range(len(ops)) if i == 0 or durations[i - 1] < ops[i].launch)
         return cls(
@@ -309,34 +325,3 @@ def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tu
     if counts is None:
         counts = balanced_partition(layer_weights(model, strategy, costs), strategy.num_stages)
     return ranges(counts)
-
-
-def stage_templates(
-    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None
-) -> dict[str, list[StageOp]]:
-    """Forward and backward op sequences of virtual stage vs (tensor-parallel level) at `mbs` samples (default: the
-    strategy's micro-batch size)."""
-    model, strategy = flow.model, flow.strategy
-    start, end = flow.stage_ranges[vs]
-    dtype, tp = model.precision.name, strategy.tp
-    mbs = strategy.micro_batch_size if mbs is None else mbs
-    out: dict[str, list[StageOp]] = {"F": [], "B": []}
-    for phase, kind, order in (("F", K_FWD, range(start, end)), ("B", K_BWD, range(end - 1, start - 1, -1))):
-        ops = out[phase]
-        for li in order:
-            layer = model.layers[li]
-            blocks = layer.blocks if phase == "F" else tuple(reversed(layer.blocks))
-            for block in blocks:
-                ev = ComputeEvent(block, phase, mbs, tp, dtype)
-                cost = costs.compute(ev)
-                key = flow.intern(ev.key, cost, "compute")
-                label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
-                ops.append(StageOp(kind, cost.seconds, key, label, li, launch=cost.launch_s))
-                ar_bytes = block.tp_fwd_allreduce_bytes if phase == "F" else block.tp_bwd_allreduce_bytes
-                if tp > 1 and ar_bytes > 0 and block.tp == "shard" and tp_instance is not None:
-                    cev = CommEvent("all_reduce", round(ar_bytes * mbs), tp, tp_instance.scope, tp_instance.sharers)
-                    ccost = costs.comm(cev)
-                    ckey = flow.intern(cev.key, ccost, "tp_allreduce")
-                    launch = ccost.launch_s or flow.cluster.gpu.kernel_launch_s  # one collective kernel
-                    ops.append(StageOp(K_TP, ccost.seconds, ckey, label, li, cev, launch))
-    return out

@@ -12,15 +12,23 @@ in lock step on its own slice. The flow is emitted with the uniform builder's co
 outer and replicas inner, the same communication helpers), so a plan with equal widths placed as Megatron-LM would
 place the uniform strategy produces the same iteration as :func:`distsim.flow.uniform.build_flow`. Every GPU is
 simulated (replicas of different widths are not symmetric).
+
+Activation recomputation rewrites the stages' templates as in the uniform flow; a sharded optimizer (ZeRO) shards
+each stage's state over the stage's own replicas: its buckets are reduce-scattered over them, its step updates 1/r of
+the stage's parameters, and its parameters are all-gathered over them (after the step, or before each layer's
+forward and backward with ZeRO-3).
 """
 
 from __future__ import annotations
 
 from distsim.cluster import Cluster
 from distsim.costs import CostSource
-from distsim.flow.comm import CommWriter, models_host
-from distsim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp, stage_templates
-from distsim.flow.sync import Bucket, Lowered, lower
+from distsim.flow.comm import CommWriter, models_host, prefetch_gates
+from distsim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp
+from distsim.flow.recompute import MODES as RECOMPUTE
+from distsim.flow.recompute import recomputed_layers
+from distsim.flow.sync import SHARDINGS, Bucket, Lowered, lower
+from distsim.flow.templates import stage_templates
 from distsim.flow.uniform import bucket_bound, cut_before, launch_offsets, overlap_shadows
 from distsim.models.graph import Model
 from distsim.placement import CommInstance, group_instances, pair_instances
@@ -57,15 +65,27 @@ def estimate_plan_tasks(
     shadows = overlap_shadows(costs)
     send_tasks = 1 + (0 if options.p2p_blocking else shadows)
     strategy = plan.pipeline_strategy()
+    sharding = SHARDINGS[strategy.optimizer_sharding]
+    mode = RECOMPUTE[strategy.recompute]
     total = 0
     for s, stage in enumerate(plan.stages):
         start, end = stage.layers
         r = stage.replicas
         blocks = sum(len(model.layers[i].blocks) for i in range(start, end))
+        recomputed = sum(mode.extra_tasks(model.layers[i], lambda b, ph: 0)[0]  # no tensor parallelism in plans
+                         for i in recomputed_layers(model, strategy, stage.layers))  # fmt: skip
         total += plan.micro_batches * 2 * r * blocks + r  # forward and backward on every replica, optimizer step
+        total += plan.micro_batches * r * recomputed  # recomputed forwards in every backward
         if r > 1:
-            during, after = bucket_bound(model, strategy, set(range(start, end)))
+            held = set(range(start, end))
+            during, after = bucket_bound(model, strategy, held)
             total += during * (1 + r * shadows) + after
+            if sharding.gather_after_step:
+                total += during + after
+            if sharding.gather_per_layer:  # overlapped: shadows where the group's scope measured interference
+                gathered = sum(round(model.stored_params(i, held, 1) * model.precision.param_bytes) > 0 for i in held)
+                scope = group_instances([stage.devices], cluster.gpus_per_node)[0].scope
+                total += plan.micro_batches * 2 * gathered * (1 + r * int(costs.interference(scope)[0] > 0))
         if s + 1 < len(plan.stages):
             total += plan.micro_batches * 2 * _transfers(plan, s, s + 1) * send_tasks
     widest = max(stage.replicas for stage in plan.stages)
@@ -99,6 +119,9 @@ class _PlanBuilder(CommWriter):
         gpn = flow.cluster.gpus_per_node
         self.dp_group = [group_instances([tuple(d)], gpn)[0] for d in self.devices]
         self.sync = [self._lower_sync(s) if len(self.devices[s]) > 1 else None for s in range(self.num_stages)]
+        # ZeRO-3: each replicated stage's layers' parameter bytes, all-gathered before every forward and backward
+        self.gathered = [self.layer_param_bytes(self.held[s], 1) if len(self.devices[s]) > 1
+                         and self.sharding.gather_per_layer else {} for s in range(self.num_stages)]  # fmt: skip
 
     def _lower_sync(self, s: int) -> Lowered:
         """Stage s's gradient buckets over its replicas."""
@@ -107,7 +130,8 @@ class _PlanBuilder(CommWriter):
         for op in self.template(s, hi - lo)["B"]:
             backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
         ctx = self.sync_context(self.held[s], 1, self.dp_group[s], backward, {})
-        return lower(self.flow.strategy.grad_sync, ctx)
+        strategy = self.flow.strategy
+        return lower(strategy.grad_sync, ctx, strategy.optimizer_sharding)
 
     def template(self, stage: int, samples: int) -> dict[str, list[StageOp]]:
         tpl = self.templates.get((stage, samples))
@@ -152,22 +176,38 @@ class _PlanBuilder(CommWriter):
             lanes.append((self.template(s, hi - lo)[a.op], frontier))
         last = [-1] * len(gpus)
         ops0 = lanes[0][0]
+        gates = prefetch_gates(ops0) if self.gathered[s] else {}
+        marks = set(gates.values())
+        # what a parameter all-gather waits for: op index (-1: the action's start) -> per replica, tasks
+        ends: dict[int, list[list[int]]] = {}
+        if gates:  # the action starts once its inputs arrived and its GPU's previous compute is done
+            ends[-1] = [[*frontier, *self._last_compute(g)] for (_o, frontier), g in zip(lanes, gpus, strict=True)]
         hosts: list[int] = []
         offsets = [launch_offsets(ops, cuts) for ops, _ in lanes] if self.host else []
         for j, g in enumerate(gpus if self.host else []):  # the host waits for its data, then enqueues the kernels
             hosts.append(self.launch(g, offsets[j][1], list(lanes[j][1]), s, mb, f"launch {a}"))
         for idx in range(len(ops0)):
+            params = -1
+            layer = ops0[idx].layer
+            if idx in gates and self.gathered[s][layer] > 0:  # ZeRO-3: the layer's parameters, over the replicas
+                waits = [x for e in ends[gates[idx]] for x in e]
+                name = f"params {flow.model.layers[layer].name}"
+                params = self.dp_collective("all_gather", self.dp_group[s], self.gathered[s][layer], name, layer, s,
+                                            waits, True, mb, gradients=False)  # fmt: skip
             for j, g in enumerate(gpus):
                 ops = lanes[j][0]
                 op = ops[idx]
                 assert op.kind != K_TP  # stages plans have no tensor parallelism
                 deps = list(lanes[j][1]) if idx == 0 else [last[j]]
+                if params >= 0:
+                    deps.append(params)
                 if hosts and (self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts)
-                              or ops[idx - 1].dur * self.speed[g] < op.launch):  # fmt: skip
+                              or ops[idx - 1].scaled(self.speed[g]) < op.launch):  # fmt: skip
                     flow.release(hosts[j], len(flow), offsets[j][0][idx])
                 last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer, s, mb,
                                    op.key, deps)  # fmt: skip
-            layer = ops0[idx].layer
+            if idx in marks:
+                ends[idx] = [[x] for x in last]
             if layer in cuts and (idx + 1 == len(ops0) or ops0[idx + 1].layer != layer):  # a bucket is complete
                 assert lowered is not None
                 for bucket in lowered.by_layer[layer]:
@@ -189,17 +229,24 @@ class _PlanBuilder(CommWriter):
             tid = self.p2p(inst, round(per_sample * shared), what, s, dst, a.microbatch, last[i])
             self.incoming.setdefault((dst, a.op, a.microbatch, j), []).append(tid)
 
+    def _last_compute(self, g: int) -> list[int]:
+        last = self.flow._last.get((g, S_COMPUTE))
+        return [] if last is None else [last]
+
     def grad_allreduce(self, s: int, deps: list[int], bucket: Bucket) -> None:
-        """A gradient bucket of stage s all-reduced over the stage's own replicas."""
+        """A gradient bucket of stage s all-reduced (reduce-scattered with a sharded optimizer) over the stage's own
+        replicas."""
+        lowered = self.sync[s]
+        assert lowered is not None
         layer = -1 if bucket.ready is None else bucket.ready
         overlap = layer >= 0 and layer != min(self.held[s])
-        self.allreduce(
-            self.dp_group[s], bucket.nbytes, self.bucket_name(self.sync[s], bucket, s), layer, s, deps, overlap
-        )
+        name = self.bucket_name(lowered, bucket, s)
+        self.dp_collective(lowered.collective, self.dp_group[s], bucket.nbytes, name, layer, s, deps, overlap)
 
     def finish(self) -> None:
         """Per-stage gradient all-reduce (buckets that wait for the whole backward), tied copies' all-reduce, then
-        every replica's optimizer step."""
+        every replica's optimizer step (of 1/r of the stage's parameters with a sharded optimizer over its r
+        replicas) and ZeRO-1/2's parameter all-gathers."""
         flow, model = self.flow, self.flow.model
         for s, lowered in enumerate(self.sync):
             for bucket in lowered.at_end if lowered is not None else ():
@@ -222,4 +269,8 @@ class _PlanBuilder(CommWriter):
                 deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
                 self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, sb, deps, False)
         for s, gpus in enumerate(self.devices):
-            self.optimizer_step(s, model.rank_params(sorted(self.held[s]), 1), gpus)
+            share = len(gpus) if self.sharding.divides_step else 1
+            steps = self.optimizer_step(s, model.rank_params(sorted(self.held[s]), 1) / share, gpus)
+            lowered = self.sync[s]
+            if lowered is not None:
+                self.gather_after_step(lowered, s, [self.dp_group[s]], steps, s)

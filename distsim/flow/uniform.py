@@ -1,9 +1,11 @@
 """The event flow of a strategy (tp x pp x dp on a cluster): the pipeline and data-parallel levels of DistSim's
-hierarchical construction (:mod:`distsim.flow.events` has the flow's model, its tensor-parallel level and its types).
+hierarchical construction (:mod:`distsim.flow.events` has the flow's types, :mod:`distsim.flow.templates` its
+tensor-parallel level).
 
 :func:`build_flow` walks the schedule in unit-time order and emits every action on every simulated replica (one GPU
 per pipeline rank when the replicas are symmetric), then the gradient synchronisation and optimizer step;
-:func:`estimate_tasks` counts the tasks it would emit without building anything.
+:func:`estimate_tasks` counts the tasks it would emit without building anything. With ZeRO-3 every action also
+all-gathers each layer's parameters before using them (:func:`distsim.flow.comm.prefetch_gates`), emitted op by op.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from itertools import accumulate
 
 from distsim.cluster import Cluster
 from distsim.costs import CostSource
-from distsim.flow.comm import CommWriter, models_host
+from distsim.flow.comm import CommWriter, models_host, prefetch_gates
 from distsim.flow.events import (
     K_TP,
     S_COMPUTE,
@@ -23,10 +25,22 @@ from distsim.flow.events import (
     FlowOptions,
     StageOp,
     resolve_partition,
-    stage_templates,
 )
-from distsim.flow.sync import MODES, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, lower, tensor_bytes
-from distsim.models.graph import Model
+from distsim.flow.recompute import MODES as RECOMPUTE
+from distsim.flow.recompute import checkpointed, recomputed_layers
+from distsim.flow.sync import (
+    MODES,
+    SHARDINGS,
+    Bucket,
+    GradUnit,
+    Lowered,
+    SyncContext,
+    SyncSettings,
+    lower,
+    tensor_bytes,
+)
+from distsim.flow.templates import collective_count, stage_templates
+from distsim.models.graph import Block, Model
 from distsim.partition import rank_layers
 from distsim.placement import CommInstance, Placement, parse_order
 from distsim.schedules import Action, build_schedule
@@ -95,25 +109,40 @@ def estimate_tasks(
     """How many tasks :func:`build_flow` would emit, counted from the strategy and the model in O(layers) without
     building anything: exact, or slightly above when some all-reduce moves no bytes (it is then left out)."""
     options = options or FlowOptions()
-    _, symmetric = _placement(model, cluster, strategy, options)
+    placement, symmetric = _placement(model, cluster, strategy, options)
     dl, tl = (1, 1) if symmetric else (strategy.dp, strategy.tp)
     shadows = overlap_shadows(costs)
     blocks = [b for layer in model.layers for b in layer.blocks]
-    tp_collectives = 0
-    if strategy.tp > 1:
-        sharded = [b for b in blocks if b.tp == "shard"]
-        tp_collectives = sum(b.tp_fwd_allreduce_bytes > 0 for b in sharded) + sum(
-            b.tp_bwd_allreduce_bytes > 0 for b in sharded
-        )
+    sp = strategy.sequence_parallel
+    tp_collectives = sum(collective_count(b, ph, strategy.tp, sp) for b in blocks for ph in "FB")
     sends = 2 * (strategy.num_stages - 1) * tl * (1 + (0 if options.p2p_blocking else shadows))
     per_micro_batch = dl * (2 * len(blocks) * tl + tp_collectives + sends)
+    stage_ranges = resolve_partition(model, strategy, costs) if strategy.dp > 1 or strategy.recompute != "none" else ()
+    mode = RECOMPUTE[strategy.recompute]
+
+    def count(block: Block, phase: str) -> int:
+        return collective_count(block, phase, strategy.tp, sp)
+
+    eligible = checkpointed(model) if strategy.recompute != "none" else ()
+    for stage_range in stage_ranges if eligible else ():
+        for i in recomputed_layers(model, strategy, stage_range, eligible):
+            compute, collectives = mode.extra_tasks(model.layers[i], count)
+            per_micro_batch += dl * (compute * tl + collectives)  # each micro-batch passes every (virtual) stage once
     grads = 0
+    sharding = SHARDINGS[strategy.optimizer_sharding]
     if strategy.dp > 1:
-        stage_ranges = resolve_partition(model, strategy, costs)
         for r in range(strategy.pp):
             held = set(rank_layers(stage_ranges, strategy.pp, r))
             during, after = bucket_bound(model, strategy, held)
             grads += tl * (during * (1 + dl * shadows) + after)
+            if sharding.gather_after_step:  # one parameter all-gather per bucket
+                grads += tl * (during + after)
+            if sharding.gather_per_layer:  # every layer with parameters, before each forward and each backward
+                gathered = sum(round(model.stored_params(i, held, strategy.tp) * model.precision.param_bytes) > 0
+                               for i in held)  # fmt: skip
+                for inst in placement.dp_groups(r)[:tl]:  # overlapped: shadows where its scope measured interference
+                    shadow = int(costs.interference(inst.scope)[0] > 0)
+                    grads += strategy.num_micro_batches * 2 * gathered * (1 + dl * shadow)
     tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
     optimizer = strategy.pp * dl * tl
     if models_host(options, model, cluster, strategy, costs):  # a launch per action and per optimizer step
@@ -164,10 +193,14 @@ class _Builder(CommWriter):
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
         self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
+        # ZeRO-3: each rank's layers' parameter bytes, all-gathered before every forward and backward
+        per_layer = self.dp > 1 and self.sharding.gather_per_layer
+        self.gathered = [self.layer_param_bytes(held, self.tp) for held in self.rank_layers] if per_layer else []
 
     def _lower_sync(self, r: int) -> Lowered:
         """Pipeline rank r's gradient buckets (the same for every data-parallel replica and tp rank)."""
-        return lower(self.flow.strategy.grad_sync, self.sync_context_of(r))
+        s = self.flow.strategy
+        return lower(s.grad_sync, self.sync_context_of(r), s.optimizer_sharding)
 
     def sync_context_of(self, r: int) -> SyncContext:
         """What gradient synchronisation sees of pipeline rank r: its layers, their backward times, its dp group."""
@@ -212,7 +245,7 @@ class _Builder(CommWriter):
         """Emit one schedule action on every simulated replica of pipeline rank r."""
         final = self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
         cuts = self.sync[r].cuts if final else frozenset()
-        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1:
+        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1 and not self.gathered:
             self._action_on_one_gpu(r, a, cuts)
         else:
             self._action_on_lanes(r, a, cuts)
@@ -222,7 +255,8 @@ class _Builder(CommWriter):
 
         Ops are the outer loop and replicas the inner one, so that a gradient bucket's all-reduce (which spans the
         replicas) is emitted as soon as every replica finished the backward of the layer that completes it, before
-        the next layer's compute: its place in each stream's order is then where it is issued in a real run.
+        the next layer's compute: its place in each stream's order is then where it is issued in a real run. With
+        ZeRO-3 a layer's parameter all-gather (one per tp rank, over the replicas) is emitted before its first op.
         """
         flow, grid = self.flow, self.grid
         lanes = []
@@ -238,31 +272,45 @@ class _Builder(CommWriter):
             lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
         ops0 = lanes[0][2]
         n_ops = len(ops0)
+        gates = prefetch_gates(ops0) if self.gathered else {}
+        marks = set(gates.values())
+        # what a parameter all-gather waits for: op index (-1: the action's start) -> per lane and tp rank, tasks
+        ends: dict[int, list[list[list[int]]]] = {}
+        if gates:  # the action starts once its inputs arrived and its GPU's previous compute is done
+            ends[-1] = [[[*frontier[j], *self._last_compute(g)] for j, g in enumerate(gpus)]
+                        for _d, gpus, _ops, frontier, _last in lanes]  # fmt: skip
         hosts: list[list[int]] = []
         if self.host:  # each GPU's host waits for its received data, then enqueues the action's kernels
             total = launch_offsets(ops0, cuts)[1]
             for _d, gpus, _ops, frontier, _last in lanes:
                 hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
                               for j, g in enumerate(gpus)])  # fmt: skip
-            ends = launch_offsets(ops0, cuts)[0]
+            launch_ends = launch_offsets(ops0, cuts)[0]
         for idx in range(n_ops):
+            params = self._gather_params(r, a, ops0[idx].layer, gates[idx], lanes, ends) if idx in gates else {}
             for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
                 if op.kind == K_TP:
                     assert op.comm is not None
+                    deps = [x for f in frontier for x in f] if idx == 0 else [x for x in last if x >= 0]
+                    deps += [params[t] for t in self.lanes_t if t in params]
                     tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
-                                   a.stage, a.microbatch, op.key, [x for x in last if x >= 0])  # fmt: skip
+                                   a.stage, a.microbatch, op.key, deps)  # fmt: skip
                     for j, g in enumerate(gpus):
                         if hosts and self._constrained(ops, idx, g, cuts):
-                            flow.release(hosts[lane][j], tid, ends[idx])
+                            flow.release(hosts[lane][j], tid, launch_ends[idx])
                     last[:] = [tid] * len(gpus)
                 else:
                     for j, g in enumerate(gpus):
-                        deps = frontier[j] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        deps = list(frontier[j]) if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        if self.lanes_t[j] in params:
+                            deps.append(params[self.lanes_t[j]])
                         if hosts and self._constrained(ops, idx, g, cuts):
-                            flow.release(hosts[lane][j], len(flow), ends[idx])
+                            flow.release(hosts[lane][j], len(flow), launch_ends[idx])
                         last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
-                                           a.stage, a.microbatch, op.key, list(deps))  # fmt: skip
+                                           a.stage, a.microbatch, op.key, deps)  # fmt: skip
+            if idx in marks:
+                ends[idx] = [[[x] for x in last] for *_, last in lanes]
             op = lanes[0][2][idx]
             if op.layer in cuts and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # bucket complete
                 per_t = {t: [last[j] for _d, _g, _o, _f, last in lanes] for j, t in enumerate(self.lanes_t)}
@@ -271,13 +319,34 @@ class _Builder(CommWriter):
         for d, gpus, _ops, _frontier, last in lanes:
             self.send(r, a, d, gpus, last)
 
+    def _last_compute(self, g: int) -> list[int]:
+        last = self.flow._last.get((g, S_COMPUTE))
+        return [] if last is None else [last]
+
+    def _gather_params(self, r: int, a: Action, layer: int, gate: int, lanes: list,
+                       ends: dict[int, list[list[list[int]]]]) -> dict[int, int]:  # fmt: skip
+        """ZeRO-3: the all-gather of `layer`'s parameters before its ops in action `a`, one per tp rank over the
+        replicas, once the action started (`gate` -1) or the op at index `gate` ended
+        (:func:`~distsim.flow.comm.prefetch_gates`); returns tp rank -> its task (none for a layer without
+        parameters)."""
+        nbytes = self.gathered[r][layer]
+        if nbytes <= 0:
+            return {}
+        instances = self.placement.dp_groups(r)
+        name = f"params {self.flow.model.layers[layer].name}"
+        out = {}
+        for j, t in enumerate(self.lanes_t):
+            deps = [x for lane in range(len(lanes)) for x in ends[gate][lane][j]]
+            out[t] = self.dp_collective("all_gather", instances[t], nbytes, name, layer, a.stage, deps, True,
+                                        a.microbatch, gradients=False)  # fmt: skip
+        return out
+
     def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, cuts: frozenset[int]) -> bool:
         """Whether op `idx` on GPU g needs its launch constraint (:attr:`Chain.launch_constrained`, op by op): the
         first op of its chain, or one whose launch outlasts the previous op."""
         if self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts):
             return True
-        prev = ops[idx - 1]
-        return (prev.dur if prev.kind == K_TP else prev.dur * self.speed[g]) < ops[idx].launch
+        return ops[idx - 1].scaled(self.speed[g]) < ops[idx].launch
 
     def _action_on_one_gpu(self, r: int, a: Action, cuts: frozenset[int]) -> None:
         """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
@@ -319,11 +388,11 @@ class _Builder(CommWriter):
                     parts.append([])
                 parts[-1].append(o)
             out = []
-            for i, part in enumerate(parts):
+            for part in parts:
                 slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind == K_TP and o.comm is not None
                          else (g, S_COMPUTE) for o in part]  # fmt: skip
                 done = part[-1].layer if part[-1].layer in cuts else None
-                out.append((Chain.of(part, slots, self.speed[g], i == 0), done))
+                out.append((Chain.of(part, slots, self.speed[g]), done))
             self.chains[key] = out
         return out
 
@@ -349,13 +418,15 @@ class _Builder(CommWriter):
 
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
-        """A gradient bucket's all-reduce, one per tp rank over the replicas; returns the task ids."""
-        name = self.bucket_name(self.sync[r], bucket, r)
+        """A gradient bucket's all-reduce (a reduce-scatter with a sharded optimizer), one per tp rank over the
+        replicas; returns the task ids."""
+        lowered = self.sync[r]
+        name = self.bucket_name(lowered, bucket, r)
         layer = -1 if bucket.ready is None else bucket.ready
         instances = self.placement.dp_groups(r)
         overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
-        return [self.allreduce(instances[t], bucket.nbytes, name, layer, stage, per_t[t], overlap)
-                for t in self.lanes_t]  # fmt: skip
+        return [self.dp_collective(lowered.collective, instances[t], bucket.nbytes, name, layer, stage, per_t[t],
+                                   overlap) for t in self.lanes_t]  # fmt: skip
 
     def rank_shard_params(self, r: int) -> float:
         return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
@@ -365,7 +436,8 @@ class _Builder(CommWriter):
 
         Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (buckets that wait for the
         whole backward; the others were issued during it), then the all-reduce of tied embedding copies between the
-        first and last pipeline ranks, then the optimizer step.
+        first and last pipeline ranks, then the optimizer step: of 1/dp of the rank's parameters with a sharded
+        optimizer, followed by ZeRO-1/2's parameter all-gathers.
         """
         last = self.flow._last
         for r, lowered in enumerate(self.sync):
@@ -373,9 +445,13 @@ class _Builder(CommWriter):
                 per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
                 self.grad_allreduce(r, r, per_t, bucket)
         self.tied_allreduce()
+        share = self.dp if self.sharding.divides_step else 1
         for r in range(self.pp):
             gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
-            self.optimizer_step(r, self.rank_shard_params(r), gpus)
+            steps = self.optimizer_step(r, self.rank_shard_params(r) / share, gpus)
+            if self.sync:
+                instances = self.placement.dp_groups(r)
+                self.gather_after_step(self.sync[r], r, [instances[t] for t in self.lanes_t], steps, r)
 
     def tied_allreduce(self) -> None:
         """Sum the gradients of a tied layer's copy with its original's when they sit on different pipeline ranks.

@@ -19,7 +19,7 @@ which tensors each op reads and writes); the CNN builders run convolutions as im
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from distsim.errors import ModelFileError
@@ -151,6 +151,20 @@ class MemoryOp:
 
 
 Op = GemmOp | AttentionOp | MemoryOp
+
+SEQUENCE_PARALLEL_OPS = frozenset({"layernorm", "bias_dropout_add"})
+"""Kernels that Megatron's sequence parallelism runs on 1/tp of the sequence: the layer norms and the dropouts (with
+their bias and residual adds) between the tensor-parallel regions (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5). The
+embedding's position add and dropout stay whole: they are fused here, and the add runs before the embedding's
+reduce-scatter."""
+
+
+def sequence_parallel_ops(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """A block's ops under sequence parallelism: the replicated kernels of :data:`SEQUENCE_PARALLEL_OPS` sharded
+    over the tensor-parallel group (``tp="shard"``); the others as they are."""
+    return tuple(
+        replace(op, tp="shard") if isinstance(op, MemoryOp) and op.name in SEQUENCE_PARALLEL_OPS else op for op in ops
+    )
 
 
 def op_totals(ops: tuple[Op, ...]) -> tuple[float, float]:
