@@ -76,6 +76,12 @@ class Plan:
     """Stages form: DDP's bucket size in MiB (grad_sync ddp)."""
     grad_groups: tuple[tuple[int, int], ...] = ()
     """Stages form: a merge plan's layer ranges (grad_sync mgwfbp); empty: planned when simulated."""
+    recompute: str = "none"
+    """Stages form: activation recomputation, none, selective or full (:mod:`distsim.flow.recompute`)."""
+    recompute_layers: int | None = None
+    """Stages form: recompute only the first N layers of each stage; None: all."""
+    optimizer_sharding: str = "none"
+    """Stages form: none, zero1, zero2 or zero3, over each stage's replicas (:mod:`distsim.flow.sync`)."""
     note: dict[str, object] = field(default_factory=dict, compare=False)
     """Free-form provenance written by the driver that made the plan (its name, its own estimate)."""
 
@@ -119,6 +125,9 @@ class Plan:
             grad_sync=self.grad_sync,
             bucket_cap_mb=self.bucket_cap_mb,
             grad_groups=self.grad_groups,
+            recompute=self.recompute,
+            recompute_layers=self.recompute_layers,
+            optimizer_sharding=self.optimizer_sharding,
         )
 
     def notation(self) -> str:
@@ -193,7 +202,8 @@ def plan_from_strategy(strategy: Strategy, model: str, cluster: str, nodes: int 
 # ------------------------------------------------------------------------------------------------- file form
 _TOP_KEYS = {
     "model", "cluster", "nodes", "strategy", "stages", "micro_batches", "micro_batch_size", "schedule", "policy",
-    "max_in_flight", "grad_sync", "bucket_cap_mb", "gradient_groups", "note",
+    "max_in_flight", "grad_sync", "bucket_cap_mb", "gradient_groups", "recompute", "recompute_layers",
+    "optimizer_sharding", "note",
 }  # fmt: skip
 
 
@@ -218,6 +228,12 @@ def plan_to_dict(plan: Plan) -> dict[str, object]:
             out["bucket_cap_mb"] = plan.bucket_cap_mb
         if plan.grad_groups:
             out["gradient_groups"] = [list(g) for g in plan.grad_groups]
+        if plan.recompute != "none":
+            out["recompute"] = plan.recompute
+        if plan.recompute_layers is not None:
+            out["recompute_layers"] = plan.recompute_layers
+        if plan.optimizer_sharding != "none":
+            out["optimizer_sharding"] = plan.optimizer_sharding
         out["stages"] = [{"layers": list(s.layers), "devices": format_devices(s.devices)} for s in plan.stages]
     if plan.note:
         out["note"] = dict(plan.note)
@@ -314,7 +330,8 @@ def plan_from_dict(data: object, where: str) -> Plan:
         raise PlanError(f"{where}: give either strategy (uniform degrees) or stages (layer ranges and devices)")
     if "strategy" in data:
         extra = sorted(set(data) & {"micro_batches", "micro_batch_size", "schedule", "policy", "max_in_flight",
-                                    "grad_sync", "bucket_cap_mb", "gradient_groups"})  # fmt: skip
+                                    "grad_sync", "bucket_cap_mb", "gradient_groups", "recompute", "recompute_layers",
+                                    "optimizer_sharding"})  # fmt: skip
         if extra:
             raise PlanError(f"{where}: {extra[0]} belongs in the strategy string of a uniform plan")
         text = data["strategy"]
@@ -341,7 +358,9 @@ def plan_from_dict(data: object, where: str) -> Plan:
     schedule = data.get("schedule", "1f1b")
     policy = data.get("policy", "A")
     grad_sync = data.get("grad_sync", "bulk")
-    for key, value in (("schedule", schedule), ("policy", policy), ("grad_sync", grad_sync)):
+    recompute, sharding = data.get("recompute", "none"), data.get("optimizer_sharding", "none")
+    for key, value in (("schedule", schedule), ("policy", policy), ("grad_sync", grad_sync), ("recompute", recompute),
+                       ("optimizer_sharding", sharding)):  # fmt: skip
         if not isinstance(value, str):
             raise PlanError(f"{where}: {key} must be a string, got {value!r}")
     try:
@@ -355,6 +374,9 @@ def plan_from_dict(data: object, where: str) -> Plan:
             grad_sync=str(grad_sync),
             bucket_cap_mb=_number(data, "bucket_cap_mb", where, DDP_BUCKET_CAP_MB),
             grad_groups=_groups(data.get("gradient_groups", []), where),
+            recompute=str(recompute),
+            recompute_layers=_int(data, "recompute_layers", where, None),
+            optimizer_sharding=str(sharding),
             **common,  # type: ignore[arg-type]
         )
     except PlanError as exc:
@@ -379,5 +401,6 @@ def stages_plan(
         micro_batches=strategy.num_micro_batches, micro_batch_size=strategy.micro_batch_size * strategy.dp,
         schedule=strategy.schedule, warmup_policy=strategy.warmup_policy, max_in_flight=strategy.max_in_flight,
         grad_sync=strategy.grad_sync, bucket_cap_mb=strategy.bucket_cap_mb, grad_groups=strategy.grad_groups,
-        note=dict(note),
+        recompute=strategy.recompute, recompute_layers=strategy.recompute_layers,
+        optimizer_sharding=strategy.optimizer_sharding, note=dict(note),
     )  # fmt: skip

@@ -88,6 +88,9 @@ STRATEGY_OPTIONS = (
     ("max_in_flight", "max_in_flight"),
     ("grad_sync", "grad_sync"),
     ("bucket_cap_mb", "bucket_cap_mb"),
+    ("recompute", "recompute"),
+    ("recompute_layers", "recompute_layers"),
+    ("optimizer_sharding", "optimizer_sharding"),
 )
 
 
@@ -108,6 +111,29 @@ def grad_sync_options(default: str | None = None) -> Any:
     return decorate
 
 
+def scale_options(f: Any) -> Any:
+    """``--recompute``, ``--recompute-layers``, ``--sequence-parallel`` and ``--optimizer-sharding``: what large
+    transformer runs use (activation recomputation, Megatron's sequence parallelism, a sharded optimizer), each
+    choice explained from its registry (:mod:`distsim.flow.recompute`, :mod:`distsim.flow.sync`)."""
+    from distsim.flow.recompute import MODES as RECOMPUTE
+    from distsim.flow.sync import SHARDINGS
+
+    recompute = "; ".join(f"{name}: {mode.summary}" for name, mode in RECOMPUTE.items())
+    sharding = "; ".join(f"{name}: {s.summary}" for name, s in SHARDINGS.items())
+    f = click.option("--optimizer-sharding", type=click.Choice(list(SHARDINGS)), default=None,
+                     help=f"Optimizer state sharded over the data-parallel group (ZeRO). {sharding}. "
+                     "[default: none]")(f)  # fmt: skip
+    f = click.option("--sequence-parallel", is_flag=True, default=False,
+                     help="Megatron's sequence parallelism (needs tp > 1): the tensor-parallel all-reduces become "
+                     "reduce-scatter + all-gather pairs; layer norms and dropouts run on 1/tp of the sequence.",
+                     )(f)  # fmt: skip
+    f = click.option("--recompute-layers", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Recompute only the first N layers of each stage. [default: all]")(f)  # fmt: skip
+    return click.option("--recompute", type=click.Choice(list(RECOMPUTE)), default=None,
+                        help=f"Activation recomputation (Korthikanti et al. 2022). {recompute}. [default: none]",
+                        )(f)  # fmt: skip
+
+
 def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Strategy fields given on the command line, and the options that gave them (for messages)."""
     overrides: dict[str, Any] = {}
@@ -119,6 +145,9 @@ def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if kw.get("partition"):
         overrides["partition"] = parse_partition(kw["partition"])
         given.append("--partition")
+    if kw.get("sequence_parallel"):
+        overrides["sequence_parallel"] = True
+        given.append("--sequence-parallel")
     return overrides, given
 
 

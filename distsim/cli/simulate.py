@@ -19,6 +19,7 @@ from distsim.cli.common import (
     load_costs,
     load_model_and_cluster,
     parse_stragglers,
+    scale_options,
     strategy_overrides,
     write_trace,
 )
@@ -89,6 +90,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 )
 @click.option("--max-in-flight", type=click.IntRange(min=1), help="DAPPLE's D: most micro-batches a stage holds.")
 @grad_sync_options()
+@scale_options
 @click.option("--partition", metavar="N:N:...", help="Layers per (virtual) stage, e.g. 23:25. [default: balanced]")
 @click.option(
     "--p2p",
