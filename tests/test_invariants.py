@@ -5,6 +5,9 @@
 * per GPU, compute + exposed communication + idle = iteration time;
 * more bandwidth or faster compute (any subset of layers, any factor >= 1) never makes the iteration slower;
 * symmetric simulation, expanded to every GPU, equals full simulation row for row.
+
+Scenarios draw every gradient synchronisation mode whose buckets do not depend on costs, and issue 12's activation
+recomputation, sequence parallelism and optimizer sharding.
 """
 
 from __future__ import annotations
@@ -71,6 +74,18 @@ def _grad_sync(draw: Any, n_layers: int) -> dict[str, Any]:
     return {"grad_sync": mode, "grad_groups": tuple(pairwise(edges))}
 
 
+def _scale(draw: Any, tp: int) -> dict[str, Any]:
+    """Issue 12's fields: activation recomputation (of the first N layers of each stage or all), sequence parallelism
+    (tp > 1) and a sharded optimizer."""
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    return {
+        "recompute": recompute,
+        "recompute_layers": draw(st.sampled_from([None, 1, 2])) if recompute != "none" else None,
+        "sequence_parallel": draw(st.booleans()) if tp > 1 else False,
+        "optimizer_sharding": draw(st.sampled_from(["none", "zero1", "zero2", "zero3"])),
+    }
+
+
 @st.composite
 def scenarios(draw: Any) -> Scenario:
     tp = draw(st.sampled_from([1, 1, 2]))
@@ -104,6 +119,7 @@ def scenarios(draw: Any) -> Scenario:
         schedule=schedule,
         warmup_policy=draw(st.sampled_from(["A", "B"])),
         **_grad_sync(draw, n_layers),
+        **_scale(draw, tp),
         max_in_flight=draw(st.sampled_from([None, 1, 2])) if schedule == "1f1b" else None,
     )
     host = draw(st.booleans())
