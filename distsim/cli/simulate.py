@@ -345,12 +345,12 @@ def _summary(r: Any) -> str:
     lines.append(f"  exposed comm       {fmt_time(r.exposed_comm_s)} per GPU (mean)")
     worst = max(r.memory, key=lambda x: x.total_bytes)
     verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
-    states = worst.params_bytes + worst.grads_bytes + worst.optimizer_bytes
     lines.append(
         f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
-        f"on rank {worst.rank} ({verdict}; states {states / GB:.2f} GB, "
-        f"activations {worst.activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
+        f"on rank {worst.rank} ({verdict}; states {worst.states_bytes / GB:.2f} GB, "
+        f"activations {worst.all_activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
     )
+    lines.append(f"  memory parts       {worst.describe_parts(GB)}")
     sim = len(r.flow.represents)
     mode = "symmetric" if r.flow.symmetric else "full"
     lines.append(

@@ -151,6 +151,18 @@ class Layer:
     """Bytes per sample kept for backward that every tp rank stores in full."""
     saved_sharded_bytes: float = 0.0
     """Bytes per sample kept for backward that are divided among the tp ranks."""
+    saved_core_bytes: float = 0.0
+    """Of ``saved_sharded_bytes``, the attention core's (QK^T, softmax, its dropout mask, attention over V: 5as^2 per
+    sequence at 2-byte activations, Korthikanti et al. 2022 Sec. 4.1), which selective recomputation drops and
+    rebuilds in backward (Sec. 5). 0: selective recomputation leaves the layer as it is."""
+    saved_sp_bytes: float = 0.0
+    """Of ``saved_bytes``, those sequence parallelism divides by tp (layer-norm inputs, dropout masks and the blocks'
+    inputs, 10sbh of a transformer layer; Korthikanti et al. 2022 Sec. 4.2.2). A layer with such bytes has its input
+    in the sequence-parallel region too, so the input full recomputation keeps divides by tp as well."""
+    recomputable: bool = True
+    """Whether full recomputation re-runs this layer and keeps only its input: Megatron-LM checkpoints its
+    transformer layers, not the embedding or the LM head (False for those); any other layer (CNN, model files):
+    True."""
     inputs: tuple[str, ...] | None = None
     """Names of the layers whose outputs this layer consumes; None means the previous layer (a chain)."""
     tied_to: str | None = None
@@ -161,10 +173,14 @@ class Layer:
     embedding's). A torch module's final LayerNorm and tied LM head form one layer with some of its own."""
 
     def __post_init__(self) -> None:
-        for name in ("out_bytes", "saved_bytes", "saved_sharded_bytes"):
+        for name in ("out_bytes", "saved_bytes", "saved_sharded_bytes", "saved_core_bytes", "saved_sp_bytes"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ModelFileError(f"layer {self.name!r}: {name} must be a finite number >= 0, got {value!r}")
+        if self.saved_core_bytes > self.saved_sharded_bytes:
+            raise ModelFileError(f"layer {self.name!r}: saved_core_bytes must not exceed saved_sharded_bytes")
+        if self.saved_sp_bytes > self.saved_bytes:
+            raise ModelFileError(f"layer {self.name!r}: saved_sp_bytes must not exceed saved_bytes")
         if self.tied_params is not None and not 0 <= self.tied_params <= self.params:
             raise ModelFileError(f"layer {self.name!r}: tied_params must be between 0 and the layer's params")
 
@@ -260,6 +276,14 @@ class Model:
     def params(self) -> int:
         """Distinct parameters (a tied layer's weights are counted once)."""
         return sum(layer.params - layer.shared_params for layer in self.layers)
+
+    @cached_property
+    def input_layers(self) -> tuple[tuple[int, ...], ...]:
+        """For each layer, the indices of the layers whose outputs it consumes (its in-edges of the DAG)."""
+        out: list[list[int]] = [[] for _ in self.layers]
+        for src, dst in self._edges:
+            out[dst].append(src)
+        return tuple(map(tuple, out))
 
     @cached_property
     def index(self) -> dict[str, int]:

@@ -15,6 +15,8 @@ Two forms, which may be combined (the transformer stack first, then the listed l
         params: 1000000
         out_bytes: 2048              # activation bytes per sample at the output (a pipeline cut carries it)
         saved_bytes: 4096            # bytes per sample kept for backward
+        saved_core_bytes: 0          # of saved_sharded_bytes, what selective recomputation drops (attention core)
+        saved_sp_bytes: 0            # of saved_bytes, what sequence parallelism divides by tp
         repeat: 4
       - name: head
         flops: 1.0e9                 # forward FLOPs per sample (time then comes from the cost source)
@@ -55,7 +57,8 @@ _BLOCK_KEYS = {
     "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "shape",
 }  # fmt: skip
 _LAYER_KEYS = _BLOCK_KEYS | {
-    "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "inputs", "repeat", "blocks", "tied_to", "tied_params",
+    "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "saved_core_bytes", "saved_sp_bytes", "inputs", "repeat",
+    "blocks", "tied_to", "tied_params",
 }  # fmt: skip
 
 
@@ -133,6 +136,8 @@ def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
                 out_bytes=_num(entry, "out_bytes", where),
                 saved_bytes=_num(entry, "saved_bytes", where),
                 saved_sharded_bytes=_num(entry, "saved_sharded_bytes", where),
+                saved_core_bytes=_num(entry, "saved_core_bytes", where),
+                saved_sp_bytes=_num(entry, "saved_sp_bytes", where),
                 inputs=layer_inputs,
                 tied_to=None if entry.get("tied_to") is None else str(entry["tied_to"]),
                 tied_params=tied_params,

@@ -140,14 +140,24 @@ def transformer_layer(
     cross_kv_seq: int | None = None,
     causal: bool = True,
 ) -> Layer:
-    """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split."""
+    """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split.
+
+    Activations kept for backward per sequence (Korthikanti et al. 2022, Sec. 4.1 and 4.2.1; 2-byte activations,
+    scaled for others): sh(10 + 24/t + 5as/(ht)) with tensor parallelism t. The 10sh every tp rank keeps (layer-norm
+    inputs 4sh, the QKV and fc1 inputs 4sh, two dropout masks 2sh) is what sequence parallelism divides by t
+    (Sec. 4.2.2: ``saved_sp_bytes``); of the 24sh + 5as^2 split over t, the attention core 5as^2 (softmax 2as^2, its
+    dropout mask as^2, the dropout output 2as^2) is what selective recomputation drops (Sec. 5: ``saved_core_bytes``).
+    A decoder's cross-attention adds its own: 2sh whole, 11sh + 5as kv split, 5as kv of it the core.
+    """
     blocks = [attention_block(h, a, s, p, causal=causal)]
     scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
     saved, saved_sharded = 10 * s * h * scale, (24 * s * h + 5 * a * s * s) * scale
+    core = 5 * a * s * s * scale
     if cross_kv_seq is not None:
         blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq))
         saved += 2 * s * h * scale
         saved_sharded += (11 * s * h + 5 * a * s * cross_kv_seq) * scale
+        core += 5 * a * s * cross_kv_seq * scale
     blocks.append(mlp_block(h, f, s, p))
     return Layer(
         name=name,
@@ -155,6 +165,8 @@ def transformer_layer(
         out_bytes=float(s * h * p.act_bytes),
         saved_bytes=float(saved),
         saved_sharded_bytes=float(saved_sharded),
+        saved_core_bytes=float(core),
+        saved_sp_bytes=float(saved),
         inputs=inputs,
     )
 
@@ -181,7 +193,11 @@ def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) ->
 
 
 def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positions: bool = True) -> Layer:
-    """Vocabulary-parallel embedding: params split over tp, one all-reduce of the output in forward."""
+    """Vocabulary-parallel embedding: params split over tp, one all-reduce of the output in forward.
+
+    It keeps its dropout mask, s bytes per hidden unit, which sequence parallelism splits over t (Korthikanti et al.
+    2022, Sec. 4.3: sbhp/t for the p micro-batches of the first stage); full recomputation does not re-run it (Megatron
+    checkpoints transformer layers only)."""
     e = p.act_bytes
     block = Block(
         op="embedding",
@@ -193,7 +209,8 @@ def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positio
         ops=embedding_ops(vocab, h, s, e, positions),
         tensors=((vocab * h, True), *([(s * h, False)] if positions else [])),  # word rows split, positions whole
     )
-    return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h), inputs=())
+    return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h),
+                 saved_sp_bytes=float(s * h), recomputable=False, inputs=())  # fmt: skip
 
 
 def lm_head_ops(vocab: int, h: int, s: int, e: int) -> tuple[Op, ...]:
@@ -241,7 +258,9 @@ def lm_head_layer(
     The projection is column-parallel: backward all-reduces the input gradient (s h elements); the vocab-parallel
     cross-entropy all-reduces three fp32 values per token in forward. Its projection is tied to the word embedding
     (``tied_params``: the final LayerNorm is its own, with gradients of its own, as in the torch module); the fp32
-    softmax of the logits is kept for backward.
+    softmax of the logits is kept for backward. The final layer norm's input (2sh) divides by t with sequence
+    parallelism (Korthikanti et al. 2022, Sec. 4.3); full recomputation does not re-run the head (Megatron checkpoints
+    transformer layers only).
     """
     e = p.act_bytes
     block = Block(
@@ -261,6 +280,8 @@ def lm_head_layer(
         out_bytes=float(s * 4),
         saved_bytes=float(s * h * e),
         saved_sharded_bytes=float(4 * s * vocab),
+        saved_sp_bytes=float(s * h * e),
+        recomputable=False,
         inputs=inputs,
         tied_to=tied_to,
         tied_params=vocab * h,
