@@ -182,3 +182,19 @@ def test_execute_with_a_profile_of_another_device_warns_before_running(
     )
     code, _, err = run_cli([*command[1:], "--dry-run"], capsys)
     assert code == 0, err
+
+
+def test_execute_runs_the_merge_plan_search_merge_writes(tmp_path: Path) -> None:
+    """`distsim search merge` writes a uniform plan with its layer groups; `distsim execute --plan` runs exactly it."""
+    plan_file, out = tmp_path / "merge.plan.yaml", tmp_path / "trace.json"
+    made = distsim("search", "merge", "--model", SMALL_GPT, "--cluster", "cpu-1x2", "--strategy", "1M1P2D",
+                   "--micro-batches", "2", "--micro-batch-size", "2", "--out", str(plan_file))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    run = distsim("execute", "--plan", str(plan_file), "--emulate-nodes", "1", "--procs-per-node", "2",
+                  "--iterations", "1", "--warmup", "0", "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    from distsim.io import load_plan
+
+    planned = load_plan(str(plan_file)).strategy
+    ran = Strategy.from_str(json.loads(out.read_text())["plan"]["strategy"])
+    assert planned is not None and planned.grad_groups and ran.grad_groups == planned.grad_groups
