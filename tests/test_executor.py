@@ -55,13 +55,13 @@ def test_two_ranks_reproduce_the_single_process_reference(tmp_path: Path, model:
 
 
 SMALL_GPT = "gpt2-345m:seq=32,layers=4,hidden=128,heads=4,vocab=1024,precision=fp32"
-"""About 3.7 MB of fp32 gradients: DDP buckets of 0.5 MiB after the first one of 1 MiB make several."""
+"""About 3.7 MB of fp32 gradients: DDP buckets of 0.5 MiB make several."""
 
 
 @pytest.mark.parametrize(
     ("strategy", "extra", "buckets"),
     [
-        ("1M1P2D", ["--grad-sync", "ddp", "--bucket-cap-mb", "0.5"], 6),
+        ("1M1P2D", ["--grad-sync", "ddp", "--bucket-cap-mb", "0.5"], 7),  # the cap applies to the first bucket too
         ("tp=1 pp=1 dp=2 sync=mgwfbp groups=0-2/2-5/5-6", [], 3),
         ("1M1P2D", ["--grad-sync", "mgwfbp"], None),  # execute plans the merge from the (analytic) costs
     ],
@@ -182,3 +182,19 @@ def test_execute_with_a_profile_of_another_device_warns_before_running(
     )
     code, _, err = run_cli([*command[1:], "--dry-run"], capsys)
     assert code == 0, err
+
+
+def test_execute_runs_the_merge_plan_search_merge_writes(tmp_path: Path) -> None:
+    """`distsim search merge` writes a uniform plan with its layer groups; `distsim execute --plan` runs exactly it."""
+    plan_file, out = tmp_path / "merge.plan.yaml", tmp_path / "trace.json"
+    made = distsim("search", "merge", "--model", SMALL_GPT, "--cluster", "cpu-1x2", "--strategy", "1M1P2D",
+                   "--micro-batches", "2", "--micro-batch-size", "2", "--out", str(plan_file))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    run = distsim("execute", "--plan", str(plan_file), "--emulate-nodes", "1", "--procs-per-node", "2",
+                  "--iterations", "1", "--warmup", "0", "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    from distsim.io import load_plan
+
+    planned = load_plan(str(plan_file)).strategy
+    ran = Strategy.from_str(json.loads(out.read_text())["plan"]["strategy"])
+    assert planned is not None and planned.grad_groups and ran.grad_groups == planned.grad_groups

@@ -190,6 +190,8 @@ def test_a_cpu_iteration_records_every_block_without_host_rows_or_overlaps() -> 
 
 def test_traces_record_their_timing_and_older_ones_read_as_host_timed(tmp_path: Path) -> None:
     shipped = json.loads(Path("traces/gpt2-cpu-1x2-1M2P1D-1f1b-M4.json").read_text())
+    assert Trace.from_dict(shipped).provenance["timing"]["device_clock"] == "perf_counter"  # shipped: recorded now
+    shipped["provenance"].pop("timing")  # as traces recorded before the executor said how it timed
     old = Trace.from_dict(shipped)
     assert "timing" not in old.provenance and old.timing == HOST_TIMING and not old.host_timed_gpu
     gpu_old = Trace(old.plan, {**old.provenance, "threads_per_rank": None, "backend": "none"}, old.iterations)

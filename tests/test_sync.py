@@ -133,3 +133,17 @@ def test_bucket_names_stay_unique_when_ddp_splits_a_layer() -> None:
     assert [bucket_names(HAND, lower("bulk", tiny).buckets, 3)[b] for b in lower("bulk", tiny).buckets] == [
         "grads rank 3"
     ]
+
+
+def test_execute_takes_a_uniform_plan_and_refuses_a_stages_plan(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    stages = tmp_path / "stages.yaml"
+    stages.write_text("model: gpt2-cpu\ncluster: cpu-1x2\nstages:\n- {layers: [0, 3], devices: 0}\n"
+                      "- {layers: [3, 6], devices: 1}\n")  # fmt: skip
+    code, _, err = run_cli(["execute", "--plan", str(stages)], capsys)
+    assert code == 2 and "is a stages plan" in err and len(err.strip().splitlines()) == 1
+    uniform = tmp_path / "u.yaml"
+    uniform.write_text("model: gpt2-cpu\ncluster: cpu-1x2\nstrategy: tp=1 pp=1 dp=2 sync=mgwfbp groups=0-3/3-6\n")
+    code, _, err = run_cli(["execute", "--plan", str(uniform), "--micro-batches", "4"], capsys)
+    assert code == 2 and "--micro-batches does not apply to --plan" in err
+    code, _, err = run_cli(["execute", "--plan", str(uniform), "--strategy", "1M1P2D"], capsys)
+    assert code == 2 and "give --strategy or --plan, not both" in err

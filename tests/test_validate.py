@@ -100,12 +100,13 @@ def test_a_profile_of_another_device_is_refused_with_the_commands_that_fix_it(
     trace = tmp_path / "mine.json"
     trace.write_text(json.dumps(trace_data))
     profile_data = json.loads(Path("profiles/validation/gpt2-cpu-2x1.json").read_text())
-    profile_data["provenance"]["device"] = "AMD EPYC"
-    profile = tmp_path / "intel.json"
+    profile_data["provenance"]["device"] = "Another CPU"
+    profile = tmp_path / "other.json"
     profile.write_text(json.dumps(profile_data))
     code, _, err = run(["validate", "--trace", str(trace), "--profile", str(profile)], capsys)
     assert code == 2 and err.startswith("distsim: error: ") and "Traceback" not in err, err
-    assert "was measured on 'Intel(R) Xeon(R) Processor'" in err and f"{profile} on 'AMD EPYC'" in err
+    device = trace_data["provenance"]["device"]
+    assert f"was measured on '{device}'" in err and f"{profile} on 'Another CPU'" in err
     profile_cmd, validate_cmd = (shlex.split(c) for c in err.split("`")[1:4:2])
     plan = trace_data["plan"]
     out = profile_cmd[profile_cmd.index("--out") + 1]
@@ -138,7 +139,9 @@ def test_shipped_traces_validate(capsys: pytest.CaptureFixture[str]) -> None:
     traces = [p for p in Path("traces").glob("*.json") if not p.name.endswith(".chrome.json")]
     if not traces:
         pytest.skip("no shipped traces")
-    code, out, err = run(["validate", "--suite", "traces", "--profile", "profiles/cpu-gloo.json", "--json"], capsys)
+    # each trace with the profile it was planned with (profiles/validation/), mean durations only: the suite's
+    # stochastic runs are what README's table reports, this checks that every shipped trace still validates
+    code, out, err = run(["validate", "--suite", "traces", "--samples", "0", "--json"], capsys)
     assert code == 0, err
     result = json.loads(out)
     assert result["summary"]["traces"] == len(traces)

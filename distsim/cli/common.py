@@ -328,3 +328,22 @@ def write_trace(path: str, timeline: Any, title: str, expand: bool = False, quie
     progress = Progress(0, "trace events written", enabled=not quiet, after_s=3.0)
     write_chrome_trace(path, timeline, title, expand=expand, report=lambda line: click.echo(line, err=True),
                        progress=progress)  # fmt: skip
+
+
+def load_plan_for(kw: dict[str, Any]) -> Any:
+    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
+    import os
+
+    from distsim.io import load_plan
+
+    if kw["strategy_text"]:
+        raise click.UsageError("give --strategy or --plan, not both")
+    plan = load_plan(kw["plan_path"])
+    base = os.path.dirname(os.path.abspath(kw["plan_path"]))
+    for key, name in (("model_name", plan.model), ("cluster_name", plan.cluster)):
+        if not kw[key]:
+            beside = os.path.join(base, name)  # a file named relative to the plan
+            kw[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
+    if not kw["nodes"] and plan.nodes is not None:
+        kw["nodes"] = plan.nodes
+    return plan

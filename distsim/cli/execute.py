@@ -13,6 +13,7 @@ from distsim.cli.common import (
     invoked_command,
     load_costs,
     load_model_and_cluster,
+    load_plan_for,
     need_torch,
     portable,
     strategy_overrides,
@@ -22,11 +23,14 @@ from distsim.output import check_output
 
 
 @cli.command()
-@click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE", help="Zoo model spec or model file.")
-@click.option("--cluster", "-c", "cluster_name", required=True, metavar="NAME|FILE",
-              help="The cluster the plan is for (cpu-1x2, cpu-2x1 on this machine).")  # fmt: skip
+@click.option("--model", "-m", "model_name", metavar="NAME|FILE",
+              help="Zoo model spec or model file. [default with --plan: the plan's]")  # fmt: skip
+@click.option("--cluster", "-c", "cluster_name", metavar="NAME|FILE",
+              help="The cluster (cpu-1x2, cpu-2x1 on this machine). [default with --plan: the plan's]")  # fmt: skip
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
-@click.option("--strategy", "-s", "strategy_text", required=True, metavar="xMyPzD", help="As for `distsim simulate`.")
+@click.option("--strategy", "-s", "strategy_text", metavar="xMyPzD", help="As for `distsim simulate`.")
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="A uniform plan file instead of --strategy (as `distsim search merge` writes).")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
@@ -69,6 +73,19 @@ def execute(**kw: Any) -> None:
 
     out = kw["out"]
     check_output(out, "--out", stream_ok=False)
+    if kw["plan_path"]:
+        plan = load_plan_for(kw)
+        if plan.strategy is None:
+            raise DistsimError(f"{kw['plan_path']} is a stages plan (layers and devices per stage); distsim execute "
+                               "runs uniform strategies (tp x pp x dp)")  # fmt: skip
+        kw["strategy_text"] = plan.strategy.describe()
+        given = strategy_overrides(kw)[1]
+        if given:
+            raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
+    elif not kw["strategy_text"]:
+        raise click.UsageError("give --strategy (e.g. 1M2P1D) or --plan FILE")
+    if not kw["model_name"] or not kw["cluster_name"]:
+        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
     model, cluster = load_model_and_cluster(kw)
     if any(b.op.startswith("torch:") for layer in model.layers for b in layer.blocks):
         raise DistsimError(f"{kw['model_name']} is the layer graph of your own torch module; distsim execute runs "

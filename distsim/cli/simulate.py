@@ -18,6 +18,7 @@ from distsim.cli.common import (
     grad_sync_options,
     load_costs,
     load_model_and_cluster,
+    load_plan_for,
     parse_stragglers,
     scale_options,
     strategy_overrides,
@@ -188,7 +189,7 @@ def simulate(**kw: Any) -> None:
     stdout_taken = check_outputs(kw, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
     plan = None
     if kw["plan_path"]:
-        plan = _load_plan_for(kw)
+        plan = load_plan_for(kw)
     elif not kw["strategy_text"]:
         raise click.UsageError("give --strategy (e.g. 2M4P2D) or --plan FILE")
     if not kw["model_name"] or not kw["cluster_name"]:
@@ -265,25 +266,6 @@ def _announce(size: tuple[int, int], max_tasks: int) -> Progress | None:
     what = f"{tasks * runs:,} tasks" + (f" ({tasks:,} x {runs:,} stochastic runs)" if runs > 1 else "")
     click.echo(f"simulating about {what}; this takes a while", err=True)
     return Progress(runs, "stochastic runs") if runs > 1 else None
-
-
-def _load_plan_for(kw: dict[str, Any]) -> Any:
-    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
-    import os
-
-    from distsim.io import load_plan
-
-    if kw["strategy_text"]:
-        raise click.UsageError("give --strategy or --plan, not both")
-    plan = load_plan(kw["plan_path"])
-    base = os.path.dirname(os.path.abspath(kw["plan_path"]))
-    for key, name in (("model_name", plan.model), ("cluster_name", plan.cluster)):
-        if not kw[key]:
-            beside = os.path.join(base, name)  # a file named relative to the plan
-            kw[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
-    if not kw["nodes"] and plan.nodes is not None:
-        kw["nodes"] = plan.nodes
-    return plan
 
 
 def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
