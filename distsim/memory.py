@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distsim.flow.recompute import eligible_layers
+from distsim.flow.recompute import recomputed_layers as flow_recomputed
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
 from distsim.schedules import Schedule, peak_in_flight
@@ -96,18 +98,12 @@ def layer_activations(model: Model, i: int, tp: int, sequence_parallel: bool, mo
 
 def recomputed_layers(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> frozenset[int]:
     """Indices of the layers the strategy recomputes: every eligible layer of each (virtual) stage, or its first
-    ``recompute_layers`` (Megatron's block method). Eligible: for full, ``recomputable`` layers; for selective,
-    layers with an attention core (``saved_core_bytes`` > 0)."""
+    ``recompute_layers`` (Megatron's block method); the same rule as the event flow's
+    (:func:`distsim.flow.recompute.recomputed_layers`), so that time and memory agree."""
     if strategy.recompute == "none":
         return frozenset()
-    out: list[int] = []
-    for start, end in stage_ranges:
-        if strategy.recompute == "full":
-            eligible = [i for i in range(start, end) if model.layers[i].recomputable]
-        else:
-            eligible = [i for i in range(start, end) if model.layers[i].saved_core_bytes > 0]
-        out += eligible if strategy.recompute_layers is None else eligible[: strategy.recompute_layers]
-    return frozenset(out)
+    eligible = eligible_layers(model, strategy.recompute)
+    return frozenset().union(*(flow_recomputed(model, strategy, r, eligible) for r in stage_ranges))
 
 
 @dataclass(frozen=True)

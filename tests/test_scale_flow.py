@@ -19,7 +19,7 @@ from distsim.cluster import get_cluster
 from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, share_cost
 from distsim.discovery import discover
 from distsim.flow.recompute import MODES as RECOMPUTE
-from distsim.flow.recompute import attention_core, checkpointed, recomputed_layers
+from distsim.flow.recompute import attention_core, eligible_layers, recomputed_layers
 from distsim.flow.sync import SHARDINGS
 from distsim.flow.templates import sequence_parallel_block, tp_collectives
 from distsim.kernels import op_s
@@ -96,8 +96,8 @@ def test_recompute_layers_takes_the_first_layers_of_each_stage() -> None:
 
 def test_a_transformer_recomputes_its_layers_not_its_embedding_or_head() -> None:
     """Megatron checkpoints the layers of its TransformerBlock: embedding and LM head are never recomputed."""
-    assert checkpointed(TINY_GPT) == (False, True, True, False)
-    assert checkpointed(chain_model(UNIFORM_2)) == (True, True)  # no attention: every layer
+    assert eligible_layers(TINY_GPT, "full") == eligible_layers(TINY_GPT, "selective") == (False, True, True, False)
+    assert eligible_layers(chain_model(UNIFORM_2), "full") == (True, True)  # no attention: every layer
     cluster = get_cluster("dgx-h100")
     r = simulate(TINY_GPT, replace(cluster, nodes=1, gpus_per_node=1), Strategy(recompute="full"), options=OFF)
     df = r.timeline.df

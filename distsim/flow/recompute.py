@@ -15,10 +15,11 @@ and :func:`register`) rewrites the backward ops of each recomputed layer:
   (:func:`attention_core`); a block that lists no kernels has no core to derive, and nothing is recomputed for it.
 * ``none``.
 
-Which layers (:func:`recomputed_layers`): Megatron checkpoints the layers of its TransformerBlock, never the embedding
-or the output layer; so here a transformer's checkpointed layers are those with an attention block, and a model
-without attention (a CNN, a hand-made chain) has every layer checkpointed, as ``torch.utils.checkpoint`` around each
-layer does. ``recompute_layers`` N recomputes only the first N checkpointed layers of each (virtual) stage (Megatron's
+Which layers (:func:`eligible_layers`, the one rule for time and memory): Megatron checkpoints the layers of its
+TransformerBlock, never the embedding or the output layer, which the zoo marks not ``recomputable``; every layer of
+a CNN or a hand-made chain is checkpointed, as ``torch.utils.checkpoint`` around each layer does; selective only
+covers layers with attention. ``recompute_layers`` N recomputes only the first N checkpointed layers of each
+(virtual) stage (Megatron's
 ``--recompute-method block --recompute-num-layers N``).
 
 Recomputed forwards are tasks of their own kind (``recompute``) so that traces show them; a full recomputation's are
@@ -53,21 +54,24 @@ def attention_core(block: Block) -> Block | None:
     return Block(op=f"{block.op}.core", shape=block.shape, tp=block.tp, ops=core)
 
 
-def checkpointed(model: Model) -> tuple[bool, ...]:
-    """Per layer, whether recomputation may cover it: a transformer's attention layers, or every layer of a model
-    without attention."""
-    attention = tuple(any(has_attention(b) for b in layer.blocks) for layer in model.layers)
-    return attention if any(attention) else (True,) * len(attention)
+def eligible_layers(model: Model, mode: str) -> tuple[bool, ...]:
+    """Per layer, whether recomputation in `mode` may cover it: the layers marked ``recomputable`` (the zoo marks
+    the embedding and the output layer not, as Megatron checkpoints only its TransformerBlock's layers; every layer
+    of a CNN or a model file is, unless the file says otherwise), and for selective only those with attention.
+    The one rule for time (this module) and memory (:mod:`distsim.memory`)."""
+    if mode == "selective":
+        return tuple(layer.recomputable and any(has_attention(b) for b in layer.blocks) for layer in model.layers)
+    return tuple(layer.recomputable for layer in model.layers)
 
 
 def recomputed_layers(
     model: Model, strategy: Strategy, stage_range: tuple[int, int], eligible: Sequence[bool] | None = None
 ) -> frozenset[int]:
     """The layers of a (virtual) stage's range [start, end) whose backward the strategy's recomputation rewrites;
-    `eligible`: :func:`checkpointed` of the model, when the caller has it."""
+    `eligible`: :func:`eligible_layers` of the model, when the caller has it."""
     if strategy.recompute == "none":
         return frozenset()
-    eligible = checkpointed(model) if eligible is None else eligible
+    eligible = eligible_layers(model, strategy.recompute) if eligible is None else eligible
     layers = [i for i in range(*stage_range) if eligible[i]]
     return frozenset(layers if strategy.recompute_layers is None else layers[: strategy.recompute_layers])
 

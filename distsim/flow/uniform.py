@@ -27,7 +27,7 @@ from distsim.flow.events import (
     resolve_partition,
 )
 from distsim.flow.recompute import MODES as RECOMPUTE
-from distsim.flow.recompute import checkpointed, recomputed_layers
+from distsim.flow.recompute import eligible_layers, recomputed_layers
 from distsim.flow.sync import (
     MODES,
     SHARDINGS,
@@ -123,7 +123,7 @@ def estimate_tasks(
     def count(block: Block, phase: str) -> int:
         return collective_count(block, phase, strategy.tp, sp)
 
-    eligible = checkpointed(model) if strategy.recompute != "none" else ()
+    eligible = eligible_layers(model, strategy.recompute) if strategy.recompute != "none" else ()
     for stage_range in stage_ranges if eligible else ():
         for i in recomputed_layers(model, strategy, stage_range, eligible):
             compute, collectives = mode.extra_tasks(model.layers[i], count)
