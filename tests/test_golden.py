@@ -158,3 +158,23 @@ def test_overlapped_allreduce_takes_a_measured_share_of_compute(
                  InterferingCosts(cluster, slowdowns=(c, k, 0.0, 0.0)))  # fmt: skip
     assert r.iteration_time_s == pytest.approx(expected)
     assert set(r.timeline.df["kind"].astype(str)) <= {"forward", "backward", "dp_allreduce", "optimizer"}
+
+
+def test_the_last_stages_backward_waits_for_its_forwards_tensor_parallel_all_reduce() -> None:
+    """The loss needs the forward's output, all-reduced over the tp group, so the last stage's backward starts after
+    that all-reduce, not when the forward's compute ends. One sharded layer on tp = 2 (given times split over tp),
+    all-reduces of 250 B at 1000 B/s (ring over 2: 0.25 s): F 0-0.5, its all-reduce 0.5-0.75, B 0.75-1.75, the
+    backward all-reduce 1.75-2.0."""
+    from distsim.costs import AnalyticCosts
+    from distsim.models import model_from_dict
+    from tests.util import hand_cluster
+
+    layer = {"name": "l0", "forward_s": 1.0, "backward_s": 2.0, "params": 0, "tp": "shard", "tp_allreduce_bytes": 250.0}
+    model = model_from_dict({"name": "tp", "layers": [layer]})
+    cluster = hand_cluster(nodes=1, gpus_per_node=2, intra_bw=1000.0)
+    r = simulate(model, cluster, Strategy(tp=2), AnalyticCosts(cluster), FlowOptions(host=False))
+    df = r.timeline.df
+    rows = sorted((round(x.start_s, 9), round(x.end_s, 9), x.kind) for x in df[df.gpu == 0].itertuples())
+    assert rows == [(0.0, 0.5, "forward"), (0.5, 0.75, "tp_allreduce"), (0.75, 1.75, "backward"),
+                    (1.75, 2.0, "tp_allreduce")]  # fmt: skip
+    assert r.iteration_time_s == 2.0

@@ -110,6 +110,7 @@ class _PlanBuilder(CommWriter):
         self.held = [set(range(*s.layers)) for s in plan.stages]
         self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
         self.incoming: dict[tuple[int, str, int, int], list[int]] = {}  # (stage, op, mb, replica) -> transfers
+        self.loss: dict[tuple[int, int], int] = {}  # (mb, replica) -> the last stage's forward end
         self.links: dict[tuple[int, int], list[tuple[int, int, int, CommInstance]]] = {}
         self.last_b: dict[int, int] = {}
         for acts in flow.schedule.ranks:
@@ -175,6 +176,8 @@ class _PlanBuilder(CommWriter):
             frontier = self.incoming.pop((s, a.op, mb, i)) if has_input else []
             lanes.append((self.template(s, hi - lo)[a.op], frontier))
         last = [-1] * len(gpus)
+        final = a.op == "B" and s == self.num_stages - 1  # the last stage's backward follows its forward's end
+        loss = [[self.loss.pop((mb, j))] if final else [] for j in range(len(gpus))]
         ops0 = lanes[0][0]
         gates = prefetch_gates(ops0) if self.gathered[s] else {}
         marks = set(gates.values())
@@ -198,7 +201,7 @@ class _PlanBuilder(CommWriter):
                 ops = lanes[j][0]
                 op = ops[idx]
                 assert op.kind != K_TP  # stages plans have no tensor parallelism
-                deps = list(lanes[j][1]) if idx == 0 else [last[j]]
+                deps = list(lanes[j][1]) + loss[j] if idx == 0 else [last[j]]
                 if params >= 0:
                     deps.append(params)
                 if hosts and (self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts)
@@ -217,6 +220,10 @@ class _PlanBuilder(CommWriter):
     def send(self, a: Action, last: list[int]) -> None:
         """Split-concat: every sender replica ships each receiver replica the samples their slices share."""
         s = a.stage
+        if a.op == "F" and s == self.num_stages - 1:  # the loss: its backward waits for the forward's end
+            for i, tid in enumerate(last):
+                self.loss[(a.microbatch, i)] = tid
+            return
         if a.op == "F" and s < self.num_stages - 1:
             dst, what = s + 1, "act"
         elif a.op == "B" and s > 0:

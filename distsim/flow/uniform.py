@@ -189,6 +189,7 @@ class _Builder(CommWriter):
         self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
         self.chains: dict[tuple[int, int, str, int, bool], list[tuple[Chain, int | None]]] = {}
         self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
+        self.loss: dict[tuple[int, int, int, int], int] = {}  # (vs, mb, d, t) -> the last stage's forward end
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
@@ -270,6 +271,7 @@ class _Builder(CommWriter):
                 frontier = [[] for _ in self.lanes_t]
             gpus = [int(grid[r, d, t]) for t in self.lanes_t]
             lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
+        loss = [[self._loss(a, d, t) for t in self.lanes_t] for d in self.lanes_d]
         ops0 = lanes[0][2]
         n_ops = len(ops0)
         gates = prefetch_gates(ops0) if self.gathered else {}
@@ -302,7 +304,7 @@ class _Builder(CommWriter):
                     last[:] = [tid] * len(gpus)
                 else:
                     for j, g in enumerate(gpus):
-                        deps = list(frontier[j]) if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        deps = [*frontier[j], *loss[lane][j]] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
                         if self.lanes_t[j] in params:
                             deps.append(params[self.lanes_t[j]])
                         if hosts and self._constrained(ops, idx, g, cuts):
@@ -341,6 +343,13 @@ class _Builder(CommWriter):
                                         a.microbatch, gradients=False)  # fmt: skip
         return out
 
+    def _loss(self, a: Action, d: int, t: int) -> list[int]:
+        """For the last stage's backward: the end of its forward of that micro-batch (the loss needs the forward's
+        output, all-reduced over the tp group), which the host does not wait for; else nothing."""
+        if a.op == "B" and a.stage == self.num_stages - 1:
+            return [self.loss.pop((a.stage, a.microbatch, d, t))]
+        return []
+
     def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, cuts: frozenset[int]) -> bool:
         """Whether op `idx` on GPU g needs its launch constraint (:attr:`Chain.launch_constrained`, op by op): the
         first op of its chain, or one whose launch outlasts the previous op."""
@@ -365,9 +374,10 @@ class _Builder(CommWriter):
             host = self.launch(g, sum(c.launch_s for c, _ in chains), list(frontier), a.stage, a.microbatch,
                                f"launch {a}")  # fmt: skip
         last = -1
+        first = frontier + self._loss(a, d, t)
         for chain, layer in chains:
             anchor = (host, offset) if host is not None else None
-            last = self.flow.add_chain(chain, frontier if last < 0 else [last], a.stage, a.microbatch, anchor,
+            last = self.flow.add_chain(chain, first if last < 0 else [last], a.stage, a.microbatch, anchor,
                                        self.options.exact_host)  # fmt: skip
             offset += chain.launch_s
             if layer is not None:
@@ -397,7 +407,12 @@ class _Builder(CommWriter):
         return out
 
     def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
-        """After an action: send its activation forward or its input gradient backward."""
+        """After an action: send its activation forward or its input gradient backward (the last stage's forward:
+        keep its end for the backward of the same micro-batch)."""
+        if a.op == "F" and a.stage == self.num_stages - 1:
+            for j, t in enumerate(self.lanes_t):
+                self.loss[(a.stage, a.microbatch, d, t)] = last[j]
+            return
         if a.op == "F" and a.stage < self.num_stages - 1:
             dst_vs, what = a.stage + 1, "act"
         elif a.op == "B" and a.stage > 0:
