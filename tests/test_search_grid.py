@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from distsim import AnalyticCosts, get_cluster, get_model, simulate
+from distsim import AnalyticCosts, Strategy, get_cluster, get_model, simulate
 from distsim.errors import DistsimError
 from distsim.search.grid import GridSpec, grid_search
 from distsim.search.space import cluster_for, enumerate_strategies
+from tests.util import run_cli
 
 
 def test_distsim_use_case_has_15_settings() -> None:
@@ -128,3 +129,17 @@ def test_parallel_search_returns_exactly_the_serial_result() -> None:
     assert parallel.points == serial.points
     assert seen == list(range(1, len(serial.points) + 1))
     assert parallel.table().equals(serial.table())
+
+
+def test_grid_tries_every_recompute_and_sharding_mode_where_it_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    from distsim.search.grid import with_memory_modes
+
+    both = [Strategy(dp=2), Strategy(pp=2)]
+    got = with_memory_modes(both, ("none", "full"), ("none", "zero1"))
+    assert [(s.dp, s.recompute, s.optimizer_sharding) for s in got] == [
+        (2, "none", "none"), (2, "none", "zero1"), (2, "full", "none"), (2, "full", "zero1"),
+        (1, "none", "none"), (1, "full", "none"),  # dp = 1: nothing to shard
+    ]  # fmt: skip
+    code, _, err = run_cli(["search", "grid", "--model", "gpt2-cpu", "--cluster", "cpu-1x2", "--global-batch", "4",
+                            "--recompute", "none,sometimes"], capsys)  # fmt: skip
+    assert code == 2 and "--recompute 'none,sometimes': choose from none, selective, full" in err

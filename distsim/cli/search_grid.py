@@ -22,6 +22,7 @@ from distsim.cli.common import (
 from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
 from distsim.errors import DistsimError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB
+from distsim.strategy import RECOMPUTE_MODES, SHARDING_MODES
 
 
 @search.command()
@@ -35,6 +36,10 @@ from distsim.flow.sync import DDP_BUCKET_CAP_MB
 @click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
               help="Model chunks per rank for the interleaved schedule.")  # fmt: skip
 @grad_sync_options("bulk")
+@click.option("--recompute", "recompute_text", default="none", show_default=True, metavar="LIST",
+              help="Activation recomputation modes to try: any of none,selective,full.")  # fmt: skip
+@click.option("--optimizer-sharding", "sharding_text", default="none", show_default=True, metavar="LIST",
+              help="Optimizer sharding modes to try: any of none,zero1,zero2,zero3 (with dp > 1).")  # fmt: skip
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
@@ -90,6 +95,8 @@ def grid(**kw: Any) -> None:
         pp_degrees=opt_int_list(kw["pp_text"], "--pp"),
         virtual_stages=kw["virtual_stages"],
         grad_sync=kw["grad_sync"],
+        recompute_modes=_modes(kw["recompute_text"], RECOMPUTE_MODES, "--recompute"),
+        sharding_modes=_modes(kw["sharding_text"], SHARDING_MODES, "--optimizer-sharding"),
         bucket_cap_mb=kw["bucket_cap_mb"] or DDP_BUCKET_CAP_MB,
         even_stages=not kw["uneven_stages"],
         memory_filter=not kw["ignore_memory"],
@@ -221,3 +228,12 @@ def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) ->
         write_figure(f"{stem}.png", ax.figure)
         written += [trace, f"{stem}.png", _write_grid_plan(f"{stem}.plan.yaml", result, point, rank, kw)]
     return written
+
+
+def _modes(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
+    """A comma-separated list of mode names, each checked, in the order given (duplicates dropped)."""
+    modes = tuple(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in allowed]
+    if bad or not modes:
+        raise DistsimError(f"{option} {text!r}: choose from {', '.join(allowed)} (comma-separated)")
+    return modes

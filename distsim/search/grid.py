@@ -51,6 +51,10 @@ class GridSpec:
     virtual_stages: int = 2
     """Model chunks per rank for the interleaved schedule."""
     grad_sync: str = "bulk"
+    recompute_modes: tuple[str, ...] = ("none",)
+    """Activation recomputation modes to try (none, selective, full)."""
+    sharding_modes: tuple[str, ...] = ("none",)
+    """Optimizer sharding modes to try (none, zero1, zero2, zero3); with dp = 1 only none (the others are the same)."""
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     """DDP's bucket size in MiB (grad_sync ddp)."""
     even_stages: bool = True
@@ -129,6 +133,8 @@ class GridResult:
                 "mbs": s.micro_batch_size,
                 "micro_batches": s.num_micro_batches,
                 "schedule": s.schedule,
+                **({"recompute": s.recompute} if len(self.spec.recompute_modes) > 1 else {}),
+                **({"zero": s.optimizer_sharding} if len(self.spec.sharding_modes) > 1 else {}),
                 "iteration_s": p.iteration_time_s,
                 "samples_per_s": tput,
             }
@@ -252,6 +258,7 @@ def grid_search(
     )  # fmt: skip
     if spec.bucket_cap_mb != DDP_BUCKET_CAP_MB:
         strategies = [s.with_(bucket_cap_mb=spec.bucket_cap_mb) for s in strategies]
+    strategies = with_memory_modes(strategies, spec.recompute_modes, spec.sharding_modes)
     if not strategies:
         reasons = Counter(k.reason for k in skipped).most_common(1)
         why = f"; most often: {reasons[0][0]}" if reasons else ""
@@ -270,3 +277,17 @@ def grid_search(
     assert all(p is not None for p in points)
     return GridResult(model, cluster, spec, points, skipped, time.perf_counter() - t0, workers,  # type: ignore[arg-type]
                       costs.name)  # fmt: skip
+
+
+def with_memory_modes(
+    strategies: list[Strategy], recompute_modes: tuple[str, ...], sharding_modes: tuple[str, ...]
+) -> list[Strategy]:
+    """Every strategy under every recomputation and optimizer-sharding mode, in that order (sharding only where
+    there is data parallelism to shard over: with dp = 1 every mode is none's configuration)."""
+    out = []
+    for s in strategies:
+        for recompute in recompute_modes:
+            for sharding in sharding_modes if s.dp > 1 else sharding_modes[:1]:
+                out.append(s if (recompute, sharding) == ("none", "none") else
+                           s.with_(recompute=recompute, optimizer_sharding=sharding))  # fmt: skip
+    return out
