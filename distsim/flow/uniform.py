@@ -294,7 +294,8 @@ class _Builder(CommWriter):
                 op = ops[idx]
                 if op.kind == K_TP:
                     assert op.comm is not None
-                    deps = [x for f in frontier for x in f] if idx == 0 else [x for x in last if x >= 0]
+                    deps = ([x for f, ls in zip(frontier, loss[lane], strict=True) for x in (*f, *ls)] if idx == 0
+                            else [x for x in last if x >= 0])  # fmt: skip
                     deps += [params[t] for t in self.lanes_t if t in params]
                     tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
                                    a.stage, a.microbatch, op.key, deps)  # fmt: skip
