@@ -14,27 +14,15 @@ Each figure is the median wall time over the repeats, measured with time.perf_co
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
-from machine import describe
+from machine import describe, timed
 
 from distsim import AnalyticCosts, Strategy, get_cluster, get_model
 from distsim.search.merge import compare_sync, sweep_workers
 
 WORKERS = [2**k for k in range(1, 12)]  # 2 .. 2048
 TARGET_S = 5.0
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def main() -> None:

@@ -16,24 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
-from typing import Any
 
-from machine import describe
+from machine import describe, timed
 
 from distsim import AnalyticCosts, get_cluster, get_model
 from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
 from distsim.search.grid import GridSpec, grid_search
-
-
-def timed(fn: Any, repeats: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def main() -> None:
