@@ -279,22 +279,23 @@ def simulate(
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
     check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
-    options, target = _resolve(strategy, options, samples)
-    plan = target if isinstance(target, Plan) else None
-    if plan is not None:
-        from distsim.flow.stages import build_plan_flow
+    with engine.paused_gc():  # see there: halves the build of a large flow
+        options, target = _resolve(strategy, options, samples)
+        plan = target if isinstance(target, Plan) else None
+        if plan is not None:
+            from distsim.flow.stages import build_plan_flow
 
-        flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
-        strategy = flow.strategy
-    else:
-        assert isinstance(target, Strategy)
-        strategy = target
-        flow = build_flow(model, cluster, strategy, costs, options)
-    sampled: list[float] | None = None
-    if samples > 0:
-        result, sampled = _stochastic(flow, samples, seed, progress)
-    else:
-        result = engine.run(flow.duration_s, flow.deps, flow.releases)
+            flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
+            strategy = flow.strategy
+        else:
+            assert isinstance(target, Strategy)
+            strategy = target
+            flow = build_flow(model, cluster, strategy, costs, options)
+        sampled: list[float] | None = None
+        if samples > 0:
+            result, sampled = _stochastic(flow, samples, seed, progress)
+        else:
+            result = engine.run(flow.duration_s, flow.deps, flow.releases)
     stage_samples = None
     if plan is not None:
         stage_samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -188,13 +190,14 @@ def _slot_rows(flow: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     interference shadows."""
     from distsim.flow.events import KINDS
 
-    shadow = KINDS.index("interference")
-    slots = [x if k != shadow else () for x, k in zip(flow.slots, flow.kind, strict=True)]  # shadows: no rows
-    counts = np.fromiter((len(x) for x in slots), dtype=np.int64, count=len(slots))
-    n = int(counts.sum())
-    gpu = np.fromiter((g for x in slots for g, _ in x), dtype=np.int64, count=n)
-    stream = np.fromiter((s for x in slots for _, s in x), dtype=np.int8, count=n)
-    return np.repeat(np.arange(len(slots)), counts), gpu, stream
+    slots = flow.slots
+    counts = np.fromiter(map(len, slots), dtype=np.int64, count=len(slots))
+    flat = list(chain.from_iterable(slots))
+    gpu = np.fromiter(map(itemgetter(0), flat), dtype=np.int64, count=len(flat))
+    stream = np.fromiter(map(itemgetter(1), flat), dtype=np.int8, count=len(flat))
+    idx = np.repeat(np.arange(len(slots)), counts)
+    rows = (np.asarray(flow.kind, dtype=np.int8) != KINDS.index("interference"))[idx]  # shadows: no rows
+    return idx[rows], gpu[rows], stream[rows]
 
 
 def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, list[GPUStats]]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from distsim import FlowOptions, Strategy, engine, simulate
+from distsim import FlowOptions, Strategy, engine, get_cluster, get_model, simulate
+from distsim.costs import AnalyticCosts
 from distsim.errors import StrategyError
+from distsim.flow.uniform import build_flow
 from tests.util import chain_model, hand_cluster
 
 
@@ -50,3 +54,60 @@ def test_symmetry_is_used_when_it_holds_and_can_be_required() -> None:
         simulate(
             model, hand_cluster(2, 4).with_slowdown({5: 2.0}), Strategy(pp=2, dp=4), options=FlowOptions(symmetric=True)
         )
+
+
+@st.composite
+def _dags(draw: st.DrawFn) -> tuple[list[float], list[list[int]], dict[int, list[tuple[int, float]]]]:
+    """Random DAGs over a random permutation of ids (so some dependencies point to later ids), durations on a
+    coarse grid (many equal finish times), and release constraints along the same order."""
+    n = draw(st.integers(1, 25))
+    perm = draw(st.permutations(range(n)))
+    durations = [draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 1.5, 3.0])) for _ in range(n)]
+    deps: list[list[int]] = [[] for _ in range(n)]
+    releases: dict[int, list[tuple[int, float]]] = {}
+    for k in range(1, n):
+        for p in draw(st.lists(st.integers(0, k - 1), max_size=3)):
+            deps[perm[k]].append(perm[p])
+        if draw(st.booleans()):
+            h = perm[draw(st.integers(0, k - 1))]
+            releases.setdefault(h, []).append((perm[k], draw(st.sampled_from([0.0, 0.5, 2.0]))))
+    return durations, deps, releases
+
+
+@settings(max_examples=300, deadline=None)
+@given(_dags())
+def test_longest_path_pass_equals_the_simpy_simulation_exactly(dag) -> None:  # type: ignore[no-untyped-def]
+    durations, deps, releases = dag
+    fast, des = engine.run(durations, deps, releases), engine.run_simpy(durations, deps, releases)
+    assert fast.start_s == des.start_s and fast.end_s == des.end_s  # bit for bit, not approximately
+
+
+def test_dependencies_on_later_ids_are_ordered_first() -> None:
+    # 0 waits for 2, 2 for 1: ids are not a topological order
+    r = engine.run([1.0, 2.0, 3.0], [[2], [], [1]], {1: [(0, 10.0)]})
+    assert r.start_s == [10.0, 0.0, 2.0] and r.end_s == [11.0, 2.0, 5.0]
+
+
+def test_a_release_cycle_is_reported() -> None:
+    with pytest.raises(RuntimeError, match="cycle"):
+        engine.run([1.0, 1.0], [[], [0]], {1: [(0, 0.0)]})
+
+
+@pytest.mark.parametrize("text", [
+    "tp=2 pp=2 dp=2 mb=4 schedule=1f1b", "tp=1 pp=4 dp=2 mb=8 schedule=interleaved v=2 zero=zero1",
+    "tp=4 pp=2 dp=1 mb=4 schedule=gpipe recompute=full sp=1", "tp=1 pp=1 dp=8 mb=2 zero=zero3",
+])  # fmt: skip
+def test_simulated_flows_run_identically_on_both_engines(text: str) -> None:
+    cluster = get_cluster("dgx-a100").with_nodes(1)
+    flow = build_flow(
+        get_model("gpt2-345m"),
+        cluster,
+        Strategy.from_str(text),
+        AnalyticCosts(cluster),
+        FlowOptions(host=True, exact_host=True),
+    )
+    fast, des = (
+        engine.run(flow.duration_s, flow.deps, flow.releases),
+        engine.run_simpy(flow.duration_s, flow.deps, flow.releases),
+    )
+    assert fast == des

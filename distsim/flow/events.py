@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 
 from distsim.cluster import Cluster
@@ -166,7 +167,7 @@ class EventFlow:
         last = self._last
         for slot in slots:
             prev = last.get(slot)
-            if prev is not None:
+            if prev is not None and prev not in deps:
                 deps.append(prev)
             last[slot] = tid
         self.duration_s.append(dur)
@@ -198,16 +199,14 @@ class EventFlow:
             for i in chain.launch_constrained if not exact else range(len(chain.links)):
                 self.release(host_task, tid0 + i, base + chain.launch_ends[i])
         last = self._last
-        deps = self.deps
-        for i, (first_compute, prev) in enumerate(chain.links):
-            d = (list(first_deps) if first_compute else []) if i == 0 else [tid0 + i - 1]
-            if prev >= 0:
-                d.append(tid0 + prev)
-            else:
-                q = last.get(chain.slots[i][0])
-                if q is not None:
-                    d.append(q)
-            deps.append(d)
+        # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one)
+        new = [[tid0 + a] if b < 0 else [tid0 + a, tid0 + b] for a, b in chain.rel_deps]
+        new[0] = list(first_deps)
+        for i in chain.slot_lookups:  # the first op on a slot in the chain: the slot's last task before it
+            q = last.get(chain.slots[i][0])
+            if q is not None and q not in new[i]:
+                new[i].append(q)
+        self.deps.extend(new)
         for slot, i in chain.last_on_slot:
             last[slot] = tid0 + i
         n = len(chain.links)
@@ -272,6 +271,17 @@ class Chain:
     launch_constrained: tuple[int, ...] = ()
     """Ops whose launch can delay them: the first, and each whose launch outlasts the previous op (whose start is no
     earlier than its own launch end, so it implies the rest)."""
+
+    @cached_property
+    def rel_deps(self) -> tuple[tuple[int, int], ...]:
+        """:attr:`links` as :meth:`EventFlow.add_chain` uses them, per op: (index of the op before it, index of the
+        previous op on its slot if that is another one, else -1); op 0's entry is a placeholder."""
+        return tuple((i - 1, prev if prev != i - 1 else -1) for i, (_, prev) in enumerate(self.links))
+
+    @cached_property
+    def slot_lookups(self) -> tuple[int, ...]:
+        """Ops that are the first on their slot in the chain (op 0 among them): they wait for the slot's last task."""
+        return tuple(i for i, (_, prev) in enumerate(self.links) if prev < 0)
 
     @property
     def launch_s(self) -> float:
