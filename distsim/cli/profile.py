@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any
@@ -246,12 +247,20 @@ def profile_show(path: str, as_json: bool) -> None:
         ops[op] = ops.get(op, 0) + 1
     click.echo(f"compute events: {len(db.compute)} (" + ", ".join(f"{n} {op}" for op, n in sorted(ops.items())) + ")")
     click.echo(f"communication: {len(db.comm)} measurements, {len(db.fits)} alpha-beta fits")
-    for f in db.fits:
-        click.echo(f"  {f.collective:<15} {f.scope:<6} x{f.group_size:<3} alpha {f.alpha_s * 1e6:9.1f} us   "
-                   f"bandwidth {f.bandwidth_bytes_per_s / 1e9:8.3f} GB/s   ({f.points} sizes)")  # fmt: skip
-    notes = sorted({m.note for m in db.comm if m.note})
-    for note in notes:
-        click.echo(f"  note: {note}")
+    notes: dict[str, set[str]] = {}  # what the backend runs for a collective (gloo's, see profiler.comm.GLOO_NOTES)
+    for m in db.comm:
+        if m.note:
+            notes.setdefault(m.collective, set()).add(m.note)
+    fits = sorted(db.fits, key=lambda f: (f.collective, f.scope, f.group_size))
+    for collective, group in itertools.groupby(fits, key=lambda f: f.collective):
+        for f in group:
+            click.echo(f"  {f.collective:<15} {f.scope:<6} x{f.group_size:<3} alpha {f.alpha_s * 1e6:9.1f} us   "
+                       f"bandwidth {f.bandwidth_bytes_per_s / 1e9:8.3f} GB/s   ({f.points} sizes)")  # fmt: skip
+        for note in sorted(notes.pop(collective, ())):
+            click.echo(f"    note: {note}")
+    for collective, unfitted in sorted(notes.items()):  # measured at one size only: no fit to list it under
+        for note in sorted(unfitted):
+            click.echo(f"  note on {collective}: {note}")
     for f in db.compute_fits:
         click.echo(f"optimizer fit {f.family}: {f.alpha_s * 1e3:.3f} ms + {f.beta_s_per_unit * 1e9:.3f} ns/param")
     for i in db.interference:
