@@ -14,6 +14,7 @@ from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.errors import DistsimError
 from distsim.flow.events import FlowOptions
+from distsim.flow.templates import derived_blocks
 from distsim.flow.uniform import build_flow
 from distsim.models.graph import Model
 from distsim.strategy import Strategy
@@ -78,9 +79,22 @@ class Discovery:
         return len(self.occurrences)
 
     @property
+    def derived_compute(self) -> dict[str, ComputeEvent]:
+        """Compute events derived from a block the strategies also run (its sequence-parallel form, its attention
+        core for selective recomputation): costed as the analytic share of that block's measured time
+        (:func:`distsim.costs.share_cost`), not measured apart."""
+        forms = {
+            ComputeEvent(form, e.phase, e.micro_batch_size, e.tp, e.dtype).key
+            for e in self.compute.values()
+            for form in derived_blocks(e.block)
+        }
+        return {k: e for k, e in self.compute.items() if k in forms}
+
+    @property
     def measurable_compute(self) -> dict[str, ComputeEvent]:
-        """Compute events whose time is not given by the model file."""
-        return {k: e for k, e in self.compute.items() if not e.block.has_given_time}
+        """Compute events to measure: neither given by the model file nor derived from another event."""
+        derived = self.derived_compute
+        return {k: e for k, e in self.compute.items() if not e.block.has_given_time and k not in derived}
 
     @property
     def comm_groups(self) -> dict[tuple[str, str, int], set[int]]:
@@ -93,11 +107,13 @@ class Discovery:
     def report(self) -> str:
         n = len(self.strategies)
         groups = self.comm_groups
+        given = sum(e.block.has_given_time for e in self.compute.values())
+        derived = len(self.derived_compute)
         lines = [
             f"{n} strateg{'y' if n == 1 else 'ies'} of {self.model.name} on {self.cluster.name}: "
             f"{self.events_total:,} per-GPU events, {self.events_unique} distinct",
             f"  compute        {len(self.compute)} distinct ({len(self.measurable_compute)} to measure, "
-            f"{len(self.compute) - len(self.measurable_compute)} given by the model)",
+            f"{given} given by the model" + (f", {derived} derived from a measured block)" if derived else ")"),
             f"  optimizer      {len(self.optimizer)} distinct shard sizes",
             f"  communication  {len(self.comm)} distinct, in {len(groups)} (collective, scope, group size) families: "
             + ", ".join(f"{c} {s} x{g}" for c, s, g in sorted(groups)),

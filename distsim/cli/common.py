@@ -151,6 +151,20 @@ def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return overrides, given
 
 
+SCALE_FIELDS = ("recompute", "recompute_layers", "sequence_parallel", "optimizer_sharding")
+"""The Strategy fields :func:`scale_options` set."""
+
+
+def with_scale_options(strategy: Any, overrides: dict[str, Any]) -> Any:
+    """`strategy` (one of a grid's, whose degrees vary) with the scale options among `overrides` (from
+    :func:`strategy_overrides`) where they apply: sequence parallelism where tp > 1, optimizer sharding where dp > 1
+    (with dp = 1 it is none's configuration, as in ``search grid``)."""
+    skip = {"sequence_parallel"} if strategy.tp == 1 else set()
+    skip |= {"optimizer_sharding"} if strategy.dp == 1 else set()
+    changes = {k: v for k, v in overrides.items() if k in SCALE_FIELDS and k not in skip}
+    return strategy.with_(**changes) if changes else strategy
+
+
 def load_model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any]:
     """--model and --cluster (resized by --nodes when given)."""
     from distsim.io import load_cluster, load_model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any
@@ -16,6 +17,9 @@ from distsim.cli.common import (
     parse_bytes,
     parse_int_list,
     portable,
+    scale_options,
+    strategy_overrides,
+    with_scale_options,
 )
 from distsim.errors import DistsimError
 from distsim.output import check_output
@@ -34,9 +38,10 @@ from distsim.output import check_output
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M for every --strategy.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="Micro-batch size for every --strategy.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="Schedule for every --strategy.")
-@click.option(
-    "--grid-gpus", type=click.IntRange(min=1), help="Profile every strategy a grid over this many GPUs visits."
-)
+@scale_options
+@click.option("--grid-gpus", type=click.IntRange(min=1), help="Profile every strategy a grid over this many GPUs "
+              "visits (with --recompute etc. where they apply: sequence parallelism where tp > 1, sharding where "
+              "dp > 1).")  # fmt: skip
 @click.option("--global-batch", type=click.IntRange(min=1), help="Global batch of the grid (with --grid-gpus).")
 @click.option("--micro-batch-sizes", default="1", show_default=True, help="Grid micro-batch sizes, e.g. 1,2,4.")
 @click.option("--schedules", default="1f1b", show_default=True, help="Grid schedules, e.g. gpipe,1f1b,interleaved.")
@@ -88,6 +93,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     moved (the readings are kept in the profile). On GPUs each compute event is timed with the GPU kept fed and L2
     swept, and the host's launch time of the block is recorded too. A self-check then times a short chain of each
     stage's blocks in situ and records isolated / in-situ per event, so the profile states its own bias.
+    A recomputed forward is its forward's event (nothing new to measure); sequence parallelism and optimizer sharding
+    communicate by reduce-scatter and all-gather, measured and fitted per group like all-reduce.
     `distsim profile show FILE` summarises a profile; `distsim simulate --profile FILE` uses it.
     """
     if ctx.invoked_subcommand is not None:
@@ -111,15 +118,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     if not kw["dry_run"]:
         check_output(kw["out"], "--out", stream_ok=False)
     model, cluster = load_model_and_cluster(kw)
-    overrides = {
-        k: v
-        for k, v in (
-            ("num_micro_batches", kw["micro_batches"]),
-            ("micro_batch_size", kw["micro_batch_size"]),
-            ("schedule", kw["schedule"]),
-        )
-        if v
-    }
+    overrides, _ = strategy_overrides(kw)
     strategies = [Strategy.from_str(s, **overrides) for s in kw["strategies"]]
     if kw["grid_gpus"]:
         if not kw["global_batch"]:
@@ -128,7 +127,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         grid, _ = enumerate_strategies(model, cluster, kw["grid_gpus"], kw["global_batch"],
                                        parse_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes"),
                                        [x.strip() for x in kw["schedules"].split(",") if x.strip()])  # fmt: skip
-        strategies += grid
+        strategies += [with_scale_options(s, overrides) for s in grid]
     if not strategies:
         raise DistsimError("give the strategies to profile: --strategy (repeatable) or --grid-gpus with --global-batch")
     emulation = (
@@ -248,12 +247,20 @@ def profile_show(path: str, as_json: bool) -> None:
         ops[op] = ops.get(op, 0) + 1
     click.echo(f"compute events: {len(db.compute)} (" + ", ".join(f"{n} {op}" for op, n in sorted(ops.items())) + ")")
     click.echo(f"communication: {len(db.comm)} measurements, {len(db.fits)} alpha-beta fits")
-    for f in db.fits:
-        click.echo(f"  {f.collective:<15} {f.scope:<6} x{f.group_size:<3} alpha {f.alpha_s * 1e6:9.1f} us   "
-                   f"bandwidth {f.bandwidth_bytes_per_s / 1e9:8.3f} GB/s   ({f.points} sizes)")  # fmt: skip
-    notes = sorted({m.note for m in db.comm if m.note})
-    for note in notes:
-        click.echo(f"  note: {note}")
+    notes: dict[str, set[str]] = {}  # what the backend runs for a collective (gloo's, see profiler.comm.GLOO_NOTES)
+    for m in db.comm:
+        if m.note:
+            notes.setdefault(m.collective, set()).add(m.note)
+    fits = sorted(db.fits, key=lambda f: (f.collective, f.scope, f.group_size))
+    for collective, group in itertools.groupby(fits, key=lambda f: f.collective):
+        for f in group:
+            click.echo(f"  {f.collective:<15} {f.scope:<6} x{f.group_size:<3} alpha {f.alpha_s * 1e6:9.1f} us   "
+                       f"bandwidth {f.bandwidth_bytes_per_s / 1e9:8.3f} GB/s   ({f.points} sizes)")  # fmt: skip
+        for note in sorted(notes.pop(collective, ())):
+            click.echo(f"    note: {note}")
+    for collective, unfitted in sorted(notes.items()):  # measured at one size only: no fit to list it under
+        for note in sorted(unfitted):
+            click.echo(f"  note on {collective}: {note}")
     for f in db.compute_fits:
         click.echo(f"optimizer fit {f.family}: {f.alpha_s * 1e3:.3f} ms + {f.beta_s_per_unit * 1e9:.3f} ns/param")
     for i in db.interference:

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import invoked_command, need_torch, parse_bytes, portable
+from distsim.cli.common import invoked_command, need_torch, parse_bytes, portable, strategy_overrides
 from distsim.errors import DistsimError
 from distsim.output import check_output
 
@@ -61,7 +61,7 @@ def profile_torch_model(kw: dict[str, Any]) -> None:
         cluster = cluster.with_nodes(kw["nodes"])
     rank = int(os.environ.get("RANK", 0))
     traced = None
-    overrides = {k: v for k, v in (("num_micro_batches", kw["micro_batches"]), ("schedule", kw["schedule"])) if v}
+    overrides, _ = strategy_overrides(kw)
     mbs = kw["micro_batch_size"] or 1
     if rank == 0:
         from distsim.profiler.torch_model import trace
@@ -76,7 +76,7 @@ def profile_torch_model(kw: dict[str, Any]) -> None:
                 f"{kw['micro_batch_size']} to profile that size"
             )
         mbs = traced.micro_batch_size
-    strategies = [Strategy.from_str(s, micro_batch_size=mbs, **overrides) for s in kw["strategies"]]
+    strategies = [Strategy.from_str(s, **{**overrides, "micro_batch_size": mbs}) for s in kw["strategies"]]
     if strategies and traced is not None and cluster is not None:
         from distsim.costs import AnalyticCosts
         from distsim.discovery import discover

@@ -60,6 +60,12 @@ def sequence_parallel_block(block: Block) -> Block | None:
     return replace(block, op=f"{block.op}+sp", ops=ops)
 
 
+def derived_blocks(block: Block) -> tuple[Block, ...]:
+    """The blocks the flow derives from `block` and costs as the analytic share of its cost
+    (:func:`distsim.costs.share_cost`): its sequence-parallel form and its attention core, where it has them."""
+    return tuple(b for b in (sequence_parallel_block(block), attention_core(block)) if b is not None)
+
+
 class _Blocks:
     """Ops of one stage's blocks at a micro-batch size, each block's event costed once per phase."""
 

@@ -7,6 +7,8 @@
   side waited for the other. With gloo a send returns as soon as the kernel has buffered the data, so there the
   receiver's time (after a barrier that starts both sides together) is the transfer time.
 * Only one group communicates at a time (a global barrier separates the measurements).
+* With gloo (CPUs) each measurement of a reduce-scatter, an all-gather and a p2p transfer carries a note of what gloo
+  runs for it (:data:`GLOO_NOTES`): its reduce-scatter is an all-reduce underneath, its all-gather a ring.
 
 Message size conventions match the simulator's cost model: an all-reduce moves a buffer of ``bytes``; an all-gather
 produces ``bytes`` (each rank contributes bytes / n); a reduce-scatter consumes ``bytes``.
@@ -29,8 +31,11 @@ MAX_REPEATS = 50
 TIME_BUDGET_S = 1.0
 """Repetitions of one message size grow up to MAX_REPEATS while they fit in about this many seconds."""
 GLOO_NOTES = {
-    "reduce_scatter": "gloo has no native reduce-scatter: torch implements it with an all-reduce, so this is an "
-    "all-reduce's cost, not a ring reduce-scatter's (do not read NCCL costs from it)",
+    "reduce_scatter": "gloo has no native reduce-scatter: torch's gloo backend copies the input, all-reduces the copy "
+    "and keeps this rank's chunk (checked on torch 2.13: torch.profiler shows gloo:all_reduce), so this is an "
+    "all-reduce's cost plus two copies, not a ring reduce-scatter's (do not read NCCL costs from it)",
+    "all_gather": "gloo's all-gather is native, a ring as NCCL's (n - 1 steps, each passing one rank's part; "
+    "gloo:all_gather), gathered into a buffer and then copied into the output",
     "p2p": "gloo's send returns once the data is buffered, so the transfer time is the receiver's time after a "
     "barrier (DistSim's min(send, recv) assumes NCCL, where both calls block until the transfer ends)",
 }
