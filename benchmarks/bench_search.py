@@ -2,8 +2,9 @@
 
 1. DistSim grid search for GPT-3 175B on 1024 GPUs (DGX A100, 128 nodes), global batch 1536: tp in 1, 2, 4, 8,
    every pp dividing the 96 layers and the GPU count, micro-batch sizes 1, 2, 4, 8, schedules GPipe, 1F1B and
-   interleaved. Timed twice: as shipped (configurations that do not fit in 80 GB are not simulated) and with
-   --ignore-memory (every valid configuration simulated). Target: under 30 s.
+   interleaved. Timed three times: as shipped (configurations that do not fit in 80 GB are not simulated), with
+   --ignore-memory (every valid configuration simulated), and with the recomputation (none, selective, full) and
+   optimizer-sharding (none, zero1) dimensions added under the memory filter. Target: under 30 s each.
 2. DAPPLE's planner for BERT-48 (bert-exlarge, 50 graph layers) on 16 GPUs (2 machines x 8 V100, dapple-a),
    global batch 64, every micro-batch count, the three placement policies, serial and with the workers.
    Target: under 10 s. Then the simulation of its shortlist.
@@ -33,14 +34,18 @@ def main() -> None:
 
     model, cluster = get_model("gpt3-175b"), get_cluster("dgx-a100")
     costs = AnalyticCosts(cluster)
-    for memory_filter in (True, False):
+    plain = ("none",), ("none",)
+    scale = ("none", "selective", "full"), ("none", "zero1")
+    for memory_filter, (recompute, sharding) in ((True, plain), (False, plain), (True, scale)):
         spec = GridSpec(
             gpus=1024, global_batch=1536, micro_batch_sizes=(1, 2, 4, 8), schedules=("gpipe", "1f1b", "interleaved"),
-            tp_degrees=(1, 2, 4, 8), memory_filter=memory_filter,
+            tp_degrees=(1, 2, 4, 8), memory_filter=memory_filter, recompute_modes=recompute, sharding_modes=sharding,
         )  # fmt: skip
         t, result = timed(lambda s=spec: grid_search(model, cluster, s, costs, workers=args.workers), args.repeats)
         best = result.best(1)
         what = "memory filter on" if memory_filter else "--ignore-memory"
+        if recompute != plain[0]:
+            what += ", --recompute none,selective,full --optimizer-sharding none,zero1"
         print(f"GPT-3 175B grid, 1024 GPUs ({what}): {len(result.points)} valid, {len(result.skipped)} skipped, "
               f"{result.num_out_of_memory} out of memory, {result.num_simulated} simulated: {t:.2f} s "
               f"(target < 30 s); best {best[0].strategy.describe() if best else '-'}")  # fmt: skip
