@@ -47,16 +47,24 @@ class Redistribution:
 
 
 def redistribution(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> Redistribution:
-    """The samples that move when a batch split over `src` is needed split over `dst`."""
-    have, need = shards(batch, src), shards(batch, dst)
+    """The samples that move when a batch split over `src` is needed split over `dst`.
+
+    Both splits are contiguous slices in device order, so one merge of the two slice lists finds every overlap
+    (O(len(src) + len(dst)): a 1024-GPU layout change is a planner's inner loop)."""
+    have, need = split_samples(batch, len(src)), split_samples(batch, len(dst))
     sent = dict.fromkeys(src, 0)
     received = dict.fromkeys(dst, 0)
-    for g, (lo, hi) in have.items():
-        for h, (lo2, hi2) in need.items():
-            overlap = max(0, min(hi, hi2) - max(lo, lo2))
-            if overlap and g != h:
-                sent[g] += overlap
-                received[h] += overlap
+    i = j = 0
+    while i < len(have) and j < len(need):
+        (lo, hi), (lo2, hi2) = have[i], need[j]
+        overlap = min(hi, hi2) - max(lo, lo2)
+        if overlap > 0 and src[i] != dst[j]:
+            sent[src[i]] += overlap
+            received[dst[j]] += overlap
+        if hi <= hi2:
+            i += 1
+        else:
+            j += 1
     return Redistribution(sent, received)
 
 
@@ -72,7 +80,14 @@ def redistribution_cost(
     """The cost of one direction of a layout change (forward activations, or backward gradients: the same bytes) and
     the busiest GPU's bytes; (None, 0) when nothing moves. Priced as a point-to-point transfer of the busiest GPU's
     bytes over the link the moving GPUs share (intra-node, or a NIC when they span nodes)."""
-    moved = redistribution(batch, src, dst)
+    return transfer_cost(costs, gpus_per_node, redistribution(batch, src, dst), bytes_per_sample)
+
+
+def transfer_cost(
+    costs: CostSource, gpus_per_node: int, moved: Redistribution, bytes_per_sample: float
+) -> tuple[Cost | None, int]:
+    """:func:`redistribution_cost` of a layout change already worked out (a planner prices one change for many
+    tensor sizes)."""
     nbytes = round(moved.busiest_samples * bytes_per_sample)
     if nbytes <= 0:
         return None, 0
