@@ -1,6 +1,7 @@
 """``distsim search``: the group of search drivers, and the options and helpers they share.
 
-Each driver's command lives in its own module (``search_grid``, ``search_dapple``, ``search_merge``) and registers
+Each driver's command lives in its own module (``search_grid``, ``search_dapple``, ``search_deeppool``,
+``search_merge``) and registers
 on :data:`search`.
 """
 
@@ -65,15 +66,17 @@ def shared_options(f: Any) -> Any:
 
 @cli.group()
 def search() -> None:
-    """Search strategies with the simulator: DistSim's grid search, DAPPLE's planner or MG-WFBP's gradient merging.
+    """Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, or MG-WFBP's
+    gradient merging.
 
     \b
     Examples:
       distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16
       distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
       distsim search merge --model resnet50 --cluster v100-10gbe --micro-batch-size 32
+      distsim search deeppool --model vgg16 --cluster dgx-a100 --global-batch 32
     Each writes its plan as a file that `distsim simulate --plan FILE` simulates.
     """
 
 
-from distsim.cli import search_dapple, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`
+from distsim.cli import search_dapple, search_deeppool, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`

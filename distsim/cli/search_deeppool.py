@@ -1,0 +1,126 @@
+"""``distsim search deeppool``: DeepPool's burst-parallel planner, a GPU count per layer (Park et al. 2022, Sec. 4;
+ALGORITHMS.md section 1)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from distsim.cli.common import fmt_time, load_costs
+from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
+
+TOP_AMPLIFIED = 10
+"""Layers the amplification table shows without --verbose (the most amplified)."""
+
+
+@search.command()
+@shared_options
+@click.option("--amp-limit", type=float, default=2.0, show_default=True, metavar="X",
+              help="GPU-sec amplification limit per layer: T g / (its compute time on one GPU) may not exceed X "
+                   "(T includes the layer's incoming layout changes and gradient all-reduce).")  # fmt: skip
+@click.option("--counts", "counts_text", metavar="LIST",
+              help="Candidate GPU counts per layer, e.g. 1,2,3,4,6,8 (those above the global batch or --gpus are "
+                   "dropped). [default: powers of two up to --gpus]")  # fmt: skip
+@click.option("--verbose", "-v", is_flag=True, help=f"The amplification of every layer, not the "
+              f"{TOP_AMPLIFIED} most amplified.")  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="Only the plan and the comparison, no tables.")
+def deeppool(**kw: Any) -> None:
+    """DeepPool's planner: each layer data-parallel over its own number of GPUs (burst parallelism).
+
+    The global batch is fixed (strong scaling); layer i runs on GPUs 0..g_i-1 with ceil(B/g_i) samples each. A
+    dynamic programme over the layers (DeepPool's Algorithm 1) picks the counts that minimise the iteration time,
+    counting each layer's compute, its gradient all-reduce over its GPUs and the cost of moving activations (and
+    their gradients) between layers on different counts; a layer's GPU-seconds may grow to at most --amp-limit
+    times its single-GPU compute. Branch/join blocks (Inception's modules) are reduced to one transition, their
+    branches planned concurrently. Prints the counts, the planner's time and GPU-seconds, and the same for plain
+    data parallelism over all the GPUs.
+
+    \b
+    VGG-16 on one 8-GPU DGX A100, global batch 32 (the paper's setting):
+      distsim search deeppool --model vgg16 --cluster dgx-a100 --global-batch 32
+    Inception-v3 on 1024 GPUs (128 nodes), global batch 1024, a looser limit:
+      distsim search deeppool --model inception-v3 --cluster dgx-a100 --nodes 128 --global-batch 1024 \\
+          --amp-limit 4
+    """
+    from distsim.search.deeppool import plan_model
+    from distsim.search.space import cluster_for
+
+    model, cluster, gpus = model_and_gpus(kw)
+    cluster = cluster_for(cluster, gpus)
+    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
+    counts = opt_int_list(kw["counts_text"], "--counts")
+    result = plan_model(model, cluster, costs, gpus, kw["global_batch"], counts, kw["amp_limit"])
+    if kw["as_json"]:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    click.echo(report(result, verbose=kw["verbose"], quiet=kw["quiet"]))
+
+
+def _gpus(g: int) -> str:
+    return f"{g} GPU" + ("s" if g != 1 else "")
+
+
+def warnings(result: Any) -> list[str]:
+    """A line naming the layers over the amplification limit, and why the DP let them be."""
+    best = result.best
+    over = best.over_limit
+    if not over:
+        return []
+    named = ", ".join(f"{best.names[i]} {best.amp[i]:.2f}" for i in over[:5]) + (", ..." if len(over) > 5 else "")
+    last = len(best.names) - 1
+    why = ("Algorithm 1 admits a layer's first (smallest) count as a predecessor whatever its amplification, its "
+           "fallback for when every count breaks the limit, and keeps it unless a faster count is within the limit "
+           "or less amplified" if any(i != last for i in over)
+           else "the DP never checks the last layer's amplification")  # fmt: skip
+    return [f"warning: {len(over)} layer(s) exceed the amplification limit {best.amp_limit:g} ({named}): {why}"]
+
+
+def report(result: Any, verbose: bool = False, quiet: bool = False) -> str:
+    best, dp, model, c = result.best, result.dp, result.model, result.cluster
+    names = best.names
+    dropped = f" ({','.join(map(str, result.dropped))} dropped: above the batch or the GPUs)" if result.dropped else ""
+    lines = [
+        f"{model.name} ({model.num_layers} layers) on {result.gpus} GPUs of {c.name} ({c.describe()}), global "
+        f"batch {result.batch}; costs: {result.cost_source}; amplification limit {best.amp_limit:g}",
+        f"candidate counts {','.join(map(str, best.counts))}{dropped}; planned in "
+        f"{fmt_time(best.tables_s + best.planning_s)} (cost tables {fmt_time(best.tables_s)}, DP "
+        f"{fmt_time(best.planning_s)})",
+        "",
+        "GPUs per layer:",
+    ]
+    for a, b, g in best.runs():
+        span = f"layer {a}" if a == b else f"layers {a}-{b}"
+        where = names[a] if a == b else f"{names[a]} .. {names[b]}"
+        lines.append(f"  {span:<15} {_gpus(g):>9}  ({where})")
+    lines += ["", f"{'':<24}{'iteration':>12}{'GPU-seconds':>14}{'samples/s':>12}"]
+    rows = [("burst plan (planner)", best)]
+    if dp is not None:
+        rows.append((f"data parallel x{result.gpus}", dp))
+    for label, r in rows:
+        lines.append(f"  {label:<22}{fmt_time(r.time_s):>12}{fmt_time(r.gpu_seconds):>14}"
+                     f"{result.batch / r.time_s:>12,.1f}")  # fmt: skip
+    if dp is not None:
+        speed = dp.time_s / best.time_s
+        lines.append(f"  the burst plan takes {best.time_s / dp.time_s:.2f}x data parallelism's time "
+                     f"({'faster' if speed > 1 else 'slower'}) and {best.gpu_seconds / dp.gpu_seconds:.2f}x its "
+                     f"GPU-seconds")  # fmt: skip
+    else:
+        lines.append(f"  data parallelism over all {result.gpus} GPUs: not possible, the global batch "
+                     f"({result.batch}) has fewer samples than GPUs")  # fmt: skip
+    lines += ["", *warnings(result)] if best.over_limit else []
+    if quiet:
+        return "\n".join(lines)
+    order = sorted(range(len(names)), key=lambda i: -best.amp[i])
+    shown = sorted(order if verbose else order[:TOP_AMPLIFIED])
+    title = "every layer" if verbose or len(names) <= TOP_AMPLIFIED else f"the {TOP_AMPLIFIED} most amplified"
+    lines += ["", f"amplification, {title} (T: incoming layout changes + compute + all-reduce):"]
+    width = max(len(names[i]) for i in shown)
+    lines.append(f"  {'layer':>5}  {'name':<{width}}  {'GPUs':>5}  {'T':>10}  {'amp':>6}  {'DP amp':>6}")
+    for i in shown:
+        dp_amp = f"{dp.amp[i]:6.2f}" if dp is not None else f"{'-':>6}"
+        flag = "  over the limit" if i in best.over_limit else ""
+        lines.append(f"  {i:>5}  {names[i]:<{width}}  {best.gpus[i]:>5}  {fmt_time(best.layer_s[i]):>10}  "
+                     f"{best.amp[i]:6.2f}  {dp_amp}{flag}")  # fmt: skip
+    return "\n".join(lines)
