@@ -74,7 +74,7 @@ def search() -> None:
       distsim search grid --model bert-exlarge --cluster distsim-a10 --global-batch 16
       distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
       distsim search merge --model resnet50 --cluster v100-10gbe --micro-batch-size 32
-      distsim search deeppool --model vgg16 --cluster dgx-a100 --global-batch 32
+      distsim search deeppool --model vgg16 --cluster dgx-a100 --nodes 1 --global-batch 32
     Each writes its plan as a file that `distsim simulate --plan FILE` simulates.
     """
 

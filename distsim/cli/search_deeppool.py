@@ -39,7 +39,7 @@ def deeppool(**kw: Any) -> None:
 
     \b
     VGG-16 on one 8-GPU DGX A100, global batch 32 (the paper's setting):
-      distsim search deeppool --model vgg16 --cluster dgx-a100 --global-batch 32
+      distsim search deeppool --model vgg16 --cluster dgx-a100 --nodes 1 --global-batch 32
     Inception-v3 on 1024 GPUs (128 nodes), global batch 1024, a looser limit:
       distsim search deeppool --model inception-v3 --cluster dgx-a100 --nodes 128 --global-batch 1024 \\
           --amp-limit 4
