@@ -3,7 +3,7 @@
 VGG-16 (21 layers, a chain) and Inception-v3 (120 layers, 11 branch/join blocks) on 8 GPUs (one DGX A100, global
 batch 32, the paper's setting: counts 1, 2, 4, 8) and on 1024 GPUs (128 DGX A100 nodes, global batch 1024, so
 that every power of two up to 1024 is a candidate: 11 counts). Each figure is the whole
-:func:`~distsim.search.deeppool.plan_model` call with a fresh analytic cost source (nothing cached between
+:func:`~distsim.search.deeppool.plan_deeppool` call with a fresh analytic cost source (nothing cached between
 repeats): the cost tables (comp, comm, sync for every layer, edge and count) and the DP, also given apart.
 Targets at 1024 GPUs: VGG-16 under 0.1 s, Inception-v3 under 1 s (the paper: 0.05 s and 3.23 s).
 
@@ -20,7 +20,7 @@ import time
 from machine import describe
 
 from distsim import AnalyticCosts, get_cluster, get_model
-from distsim.search.deeppool import plan_model
+from distsim.search.deeppool import plan_deeppool
 
 CASES = (
     # model, nodes, global batch, target (s), the paper's time (s)
@@ -42,7 +42,7 @@ def main() -> None:
         totals, tables, dps = [], [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            result = plan_model(model, cluster, AnalyticCosts(cluster), gpus, batch)
+            result = plan_deeppool(model, cluster, AnalyticCosts(cluster), gpus, batch)
             totals.append(time.perf_counter() - t0)
             tables.append(result.best.tables_s)
             dps.append(result.best.planning_s)

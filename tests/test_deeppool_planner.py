@@ -26,8 +26,8 @@ from distsim.search.deeppool import (
     evaluate,
     feasible_counts,
     plan,
+    plan_deeppool,
     plan_linear,
-    plan_model,
     power_counts,
 )
 from tests.util import run_cli
@@ -202,7 +202,7 @@ def test_counts_above_the_batch_are_dropped() -> None:
 
 def test_a_batch_smaller_than_the_gpus_has_no_data_parallel_baseline() -> None:
     cluster = get_cluster("dgx-a100").with_nodes(1)
-    r = plan_model(get_model("vgg16"), cluster, AnalyticCosts(cluster), 8, batch=4)
+    r = plan_deeppool(get_model("vgg16"), cluster, AnalyticCosts(cluster), 8, batch=4)
     assert r.dropped == (8,) and r.best.counts == (1, 2, 4) and r.dp is None
     assert max(r.best.gpus) <= 4
 
@@ -214,8 +214,8 @@ def test_graphs_the_reduction_cannot_take() -> None:
     with pytest.raises(BurstError, match="needs one first and one last layer"):
         decompose(names[:3], [(), (), (0, 1)])
     with pytest.raises(BurstError, match="t5-base: the layer graph is not a chain of branch/join blocks"):
-        plan_model(get_model("t5-base"), get_cluster("dgx-a100").with_nodes(1), AnalyticCosts(get_cluster("dgx-a100")),
-                   8, 32)  # fmt: skip
+        cluster = get_cluster("dgx-a100").with_nodes(1)
+        plan_deeppool(get_model("t5-base"), cluster, AnalyticCosts(cluster), 8, 32)
 
 
 def test_a_layer_without_an_output_size_is_refused() -> None:
@@ -224,7 +224,7 @@ def test_a_layer_without_an_output_size_is_refused() -> None:
     layers[3] = replace(layers[3], out_bytes=0.0)
     cluster = get_cluster("dgx-a100").with_nodes(1)
     with pytest.raises(BurstError, match="layer 'conv2_1' has no output size"):
-        plan_model(model.with_layers(tuple(layers)), cluster, AnalyticCosts(cluster), 8, 32)
+        plan_deeppool(model.with_layers(tuple(layers)), cluster, AnalyticCosts(cluster), 8, 32)
 
 
 def test_an_amplification_limit_below_one_is_refused() -> None:

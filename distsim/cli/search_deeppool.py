@@ -44,14 +44,14 @@ def deeppool(**kw: Any) -> None:
       distsim search deeppool --model inception-v3 --cluster dgx-a100 --nodes 128 --global-batch 1024 \\
           --amp-limit 4
     """
-    from distsim.search.deeppool import plan_model
+    from distsim.search.deeppool import plan_deeppool
     from distsim.search.space import cluster_for
 
     model, cluster, gpus = model_and_gpus(kw)
     cluster = cluster_for(cluster, gpus)
     costs = load_costs(cluster, kw["profile_path"], kw["strict"])
     counts = opt_int_list(kw["counts_text"], "--counts")
-    result = plan_model(model, cluster, costs, gpus, kw["global_batch"], counts, kw["amp_limit"])
+    result = plan_deeppool(model, cluster, costs, gpus, kw["global_batch"], counts, kw["amp_limit"])
     if kw["as_json"]:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return

@@ -4,6 +4,8 @@
   memory-filtered, simulated and ranked;
 * :func:`plan_dapple` (DAPPLE Sec. IV): uneven stages, stage replication and placement by dynamic programming
   over DAPPLE's latency model, with :func:`check_with_simulator` to simulate its shortlist;
+* :func:`plan_deeppool` (DeepPool Sec. 4): a GPU count per layer by dynamic programming under an amplification
+  limit, branch/join blocks reduced to transitions;
 * :func:`compare_sync` and :func:`sweep_workers` (MG-WFBP): every gradient synchronisation mode of a data-parallel
   strategy with MG-WFBP's merge plan, and their scaling with the number of workers.
 """
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 from distsim.search.dapple import Candidate, Checked, DappleResult, DappleSpec, check_with_simulator, plan_dapple
+from distsim.search.deeppool import DeepPoolResult, plan_deeppool
 from distsim.search.grid import GridPoint, GridResult, GridSpec, grid_search
 from distsim.search.merge import SyncComparison, WorkerSweep, compare_sync, sweep_workers
 from distsim.search.space import enumerate_strategies
@@ -20,6 +23,7 @@ __all__ = [
     "Checked",
     "DappleResult",
     "DappleSpec",
+    "DeepPoolResult",
     "GridPoint",
     "GridResult",
     "GridSpec",
@@ -30,5 +34,6 @@ __all__ = [
     "enumerate_strategies",
     "grid_search",
     "plan_dapple",
+    "plan_deeppool",
     "sweep_workers",
 ]

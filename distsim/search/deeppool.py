@@ -16,15 +16,16 @@ minimises the iteration time under a per-layer bound on GPU-seconds, the *amplif
   Algorithm 1's own rule over Amp(A1,g0) ("the linear search algorithm considers the whole block as a single edge
   cost", Sec. 4.2; ALGORITHMS.md's step 5 keeps the minimising g0, which is the same whenever the limit does not
   bind). Blocks nest (recursing), and a branch may itself fork into branches that all end at the enclosing join
-  (Inception's Mixed_7b/7c: the 3x3 branch splits into 1x3 and 3x1, both concatenated by the module's join); its
-  forking layer's config is chosen by the same rule. The state of a layer inside k nested blocks is an array over
+  (:mod:`distsim.search.deeppool_graph` finds this structure); the forking layer's config is chosen by the same
+  rule. The state of a layer inside k nested blocks is an array over
   the k enclosing entry configs and its own, so each step is a few numpy operations (no Python loop over configs
   except the rule's ordered scan over predecessor counts).
 
 The result gives per-layer GPU counts, the predicted iteration time S, per-layer T (incoming layout changes +
 compute + gradient all-reduce), Amp = T g / comp(i,1) and GPU-seconds sum T g; :func:`evaluate` scores any per-layer
 assignment with the same costs (the DAG's longest path), e.g. plain data parallelism (every layer on all G GPUs).
-:func:`problem_from_model` fills the cost tables from a cost source. Pure: no torch, no I/O.
+:func:`problem_from_model` fills the cost tables from a cost source and :func:`plan_deeppool` plans a model with
+them. Pure: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -32,22 +33,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from distsim.burst import redistribution, scope_of, transfer_cost
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, CostSource
-from distsim.errors import DistsimError
 from distsim.models.graph import Model
+from distsim.search.deeppool_graph import Block, Branch, BurstError, decompose
 
 Edge = tuple[int, int]
-
-
-class BurstError(DistsimError):
-    """A DeepPool planning problem that cannot be planned: no feasible GPU count, a bad limit, a layer graph the
-    branch/join reduction cannot take."""
 
 
 # --------------------------------------------------------------------------------------------------- the problem
@@ -131,102 +127,6 @@ class BurstProblem:
         )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------- the graph as chains/blocks
-@dataclass(frozen=True)
-class Branch:
-    """A chain of layers and blocks; a branch inside a block may end in a layer that forks into sub-branches which
-    all end at the block's join. A branch with no items is a direct edge from the block's entry to its join."""
-
-    items: tuple[int | Block, ...]
-    forks: tuple[Branch, ...] = ()
-
-
-@dataclass(frozen=True)
-class Block:
-    """From the layer before it (the branching layer) to `join`, its immediate post-dominator."""
-
-    branches: tuple[Branch, ...]
-    join: int
-
-
-def decompose(names: Sequence[str], inputs: Sequence[Sequence[int]]) -> Branch:
-    """The layer DAG as one chain of layers and (nested) branch/join blocks; BurstError naming the first layer
-    where the graph is not of that form (several first or last layers, an edge that leaves a block)."""
-    n = len(inputs)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for j, ins in enumerate(inputs):
-        for i in ins:
-            succ[i].append(j)
-    heads = [i for i in range(n) if not inputs[i]]
-    tails = [i for i in range(n) if not succ[i]]
-    if heads != [0] or tails != [n - 1]:
-        raise BurstError(
-            f"the layer graph is not a chain of branch/join blocks: it needs one first and one last layer, and has "
-            f"{len(heads)} without inputs and {len(tails)} whose output nothing uses"
-        )
-    ipdom = [n - 1] * n  # immediate post-dominators (Cooper et al.'s intersection, by topological index)
-    for u in range(n - 2, -1, -1):
-        best = succ[u][0]
-        for v in succ[u][1:]:
-            while best != v:
-                while best < v:
-                    best = ipdom[best]
-                while v < best:
-                    v = ipdom[v]
-        ipdom[u] = best
-    seen = [False] * n
-
-    def bad(i: int, why: str) -> BurstError:
-        return BurstError(f"the layer graph is not a chain of branch/join blocks: layer {names[i]!r} {why}")
-
-    def visit(i: int) -> None:
-        if seen[i]:
-            raise bad(i, "is reached from two blocks")
-        seen[i] = True
-
-    def ends(branches: Sequence[Branch]) -> int:
-        return sum(ends(b.forks) if b.forks else 1 for b in branches)
-
-    def walk(first: int, join: int | None) -> Branch:
-        if first == join:
-            return Branch(())
-        if len(inputs[first]) > 1:
-            raise bad(first, "joins branches that do not open at one layer")
-        visit(first)
-        items: list[int | Block] = [first]
-        cur = first
-        while True:
-            nxt = succ[cur]
-            if not nxt:
-                return Branch(tuple(items))  # the last layer (top level only: a block's layers reach its join)
-            if len(nxt) == 1:
-                if nxt[0] == join:
-                    return Branch(tuple(items))
-                if len(inputs[nxt[0]]) > 1:
-                    raise bad(nxt[0], "joins branches that do not open at one layer")
-                cur = nxt[0]
-                visit(cur)
-                items.append(cur)
-                continue
-            j = ipdom[cur]
-            if j == join:
-                return Branch(tuple(items), tuple(walk(c, join) for c in nxt))
-            if join is not None and j > join:
-                raise bad(cur, f"branches past the join of its block ({names[join]!r})")
-            block = Block(tuple(walk(c, j) for c in nxt), j)
-            if ends(block.branches) != len(inputs[j]):
-                raise bad(j, f"takes inputs from outside the block that {names[cur]!r} opens")
-            visit(j)
-            items.append(block)
-            cur = j
-
-    top = walk(0, None)
-    missing = [i for i in range(n) if not seen[i]]
-    if missing:
-        raise bad(missing[0], "is not on the chain of blocks from the first layer")
-    return top
-
-
 # ------------------------------------------------------------------------------------------------- the result
 @dataclass(frozen=True)
 class BurstResult:
@@ -246,7 +146,6 @@ class BurstResult:
     """Wall time of the DP (0 for :func:`evaluate`)."""
     tables_s: float = 0.0
     """Wall time of building the cost tables (set by callers that build them)."""
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def gpu_seconds(self) -> float:
@@ -570,7 +469,7 @@ class DeepPoolResult:
         }  # fmt: skip
 
 
-def plan_model(model: Model, cluster: Cluster, costs: CostSource, gpus: int, batch: int,
+def plan_deeppool(model: Model, cluster: Cluster, costs: CostSource, gpus: int, batch: int,
                counts: Sequence[int] | None = None, amp_limit: float = 2.0) -> DeepPoolResult:  # fmt: skip
     """Build the tables (:func:`problem_from_model`; counts default to :func:`power_counts`) and plan; the
     result's ``tables_s`` and ``planning_s`` time the two parts."""
@@ -581,11 +480,29 @@ def plan_model(model: Model, cluster: Cluster, costs: CostSource, gpus: int, bat
     problem = problem_from_model(model, cluster, costs, gpus, batch, counts, amp_limit)
     _, dropped = feasible_counts(counts, batch, gpus)
     tables_s = time.perf_counter() - t0
-    found = plan(problem)
-    best = BurstResult(**{**found.__dict__, "tables_s": tables_s})
+    best = replace(plan(problem), tables_s=tables_s)
     dp = None
     if gpus <= batch:
         base = problem if gpus in problem.counts else problem_from_model(model, cluster, costs, gpus, batch, (gpus,),
                                                                          amp_limit)  # fmt: skip
         dp = evaluate(base, [gpus] * model.num_layers)
     return DeepPoolResult(model, cluster, gpus, batch, best, dp, dropped, getattr(costs, "name", "?"))
+
+
+__all__ = [
+    "Block",
+    "Branch",
+    "BurstError",
+    "BurstProblem",
+    "BurstResult",
+    "DeepPoolResult",
+    "check_graph",
+    "decompose",
+    "evaluate",
+    "feasible_counts",
+    "plan",
+    "plan_deeppool",
+    "plan_linear",
+    "power_counts",
+    "problem_from_model",
+]
