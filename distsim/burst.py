@@ -47,16 +47,22 @@ class Redistribution:
 
 
 def redistribution(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> Redistribution:
-    """The samples that move when a batch split over `src` is needed split over `dst`."""
-    have, need = shards(batch, src), shards(batch, dst)
+    """The samples that move when a batch split over `src` is needed split over `dst`: one sweep over both layouts'
+    slices in batch order, O(len(src) + len(dst))."""
+    have, need = split_samples(batch, len(src)), split_samples(batch, len(dst))
     sent = dict.fromkeys(src, 0)
     received = dict.fromkeys(dst, 0)
-    for g, (lo, hi) in have.items():
-        for h, (lo2, hi2) in need.items():
-            overlap = max(0, min(hi, hi2) - max(lo, lo2))
-            if overlap and g != h:
-                sent[g] += overlap
-                received[h] += overlap
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        (lo, hi), (lo2, hi2) = have[i], need[j]
+        overlap = min(hi, hi2) - max(lo, lo2)
+        if overlap > 0 and src[i] != dst[j]:
+            sent[src[i]] += overlap
+            received[dst[j]] += overlap
+        if hi <= hi2:
+            i += 1
+        if hi2 <= hi:
+            j += 1
     return Redistribution(sent, received)
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import FlowOptions, simulate
-from distsim.burst import redistribution, redistribution_cost
+from distsim.burst import redistribution, redistribution_cost, shards
 from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent
 from distsim.flow.burst import build_burst_flow, estimate_burst_tasks
 from distsim.flow.events import KINDS
@@ -308,3 +308,21 @@ def test_every_layer_on_every_gpu_is_data_parallelism() -> None:
     burst = simulate(model, cluster, burst_plan(model, cluster, [8] * 21, 32, grad_sync="wfbp"))
     assert burst.iteration_time_s == pytest.approx(uniform.iteration_time_s, rel=1e-12)
     assert burst.memory[0].total_bytes == pytest.approx(uniform.memory[0].total_bytes, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.data())
+def test_redistribution_sweep_equals_every_pair_of_slices(batch: int, data: Any) -> None:
+    """The linear sweep of :func:`redistribution` against the overlap of every pair of slices."""
+    gpus = list(range(12))
+    src = tuple(data.draw(st.permutations(gpus))[: data.draw(st.integers(1, min(batch, 12)))])
+    dst = tuple(data.draw(st.permutations(gpus))[: data.draw(st.integers(1, min(batch, 12)))])
+    have, need = shards(batch, src), shards(batch, dst)
+    sent, received = dict.fromkeys(src, 0), dict.fromkeys(dst, 0)
+    for g, (lo, hi) in have.items():
+        for h, (lo2, hi2) in need.items():
+            if g != h and min(hi, hi2) > max(lo, lo2):
+                sent[g] += min(hi, hi2) - max(lo, lo2)
+                received[h] += min(hi, hi2) - max(lo, lo2)
+    moved = redistribution(batch, src, dst)
+    assert moved.sent == sent and moved.received == received
