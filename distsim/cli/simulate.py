@@ -348,7 +348,8 @@ def _summary(r: Any) -> str:
     lines.append(
         f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
         f"on {'GPU' if burst else 'rank'} {worst.rank} ({verdict}; states {worst.states_bytes / GB:.2f} GB, "
-        f"activations {worst.all_activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
+        f"activations {worst.all_activations_bytes / GB:.2f} GB for "
+        + ("its shards of the batch)" if burst else f"{worst.in_flight_microbatches:g} micro-batches)")
     )
     lines.append(f"  memory parts       {worst.describe_parts(GB)}")
     sim = len(r.flow.represents)
