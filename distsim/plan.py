@@ -1,6 +1,6 @@
 """Plan: what a search driver hands the simulator (and a user hands ``distsim simulate --plan``).
 
-A plan takes one of two forms:
+A plan takes one of three forms (:data:`PLAN_KINDS`):
 
 * **uniform**: a :class:`~distsim.strategy.Strategy` (tensor x pipeline x data degrees, schedule, micro-batches),
   placed on the cluster in Megatron-LM's rank order; what the grid search writes;
@@ -9,12 +9,18 @@ A plan takes one of two forms:
   Each micro-batch of ``micro_batch_size`` samples is split over a stage's replicas (split-concat, DAPPLE Sec. V-B:
   replica i of r takes a contiguous slice of floor or ceil b/r samples); each stage all-reduces its gradients over
   its own replicas. No tensor parallelism in this form.
+* **burst** (DeepPool's burst parallelism, :mod:`distsim.burst_form`): every model layer (graph node, in model
+  order) runs data-parallel on its own set of GPUs out of the pool. A burst plan trains one batch of
+  ``micro_batch_size`` samples per iteration (M = 1; DeepPool's strong scaling: the global batch is fixed and split
+  over each layer's GPUs), re-distributes activations (and their gradients) between layers of different layouts and
+  all-reduces each layer's gradients over its own GPUs (``grad_sync`` bulk or wfbp).
 
 The file form (YAML or JSON) is read and written by :mod:`distsim.io`; this module only validates values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,8 +31,9 @@ from distsim.strategy import Strategy
 
 if TYPE_CHECKING:
     from distsim.cluster import Cluster
+    from distsim.models.graph import Model
 
-PLAN_KINDS = ("uniform", "stages")
+PLAN_KINDS = ("uniform", "stages", "burst")
 
 
 class PlanError(DistsimError, ValueError):
@@ -62,11 +69,14 @@ class Plan:
     strategy: Strategy | None = None
     """The uniform form; None for the stages form."""
     stages: tuple[StagePlan, ...] = ()
-    """The stages form, in pipeline order; empty for the uniform form."""
+    """The stages form, in pipeline order; empty for the other forms."""
+    burst: tuple[tuple[int, ...], ...] = ()
+    """The burst form: per model layer (graph node, in model order) the GPU ids it runs on; empty for the others."""
     micro_batches: int = 1
     """Stages form: micro-batches per iteration (M)."""
     micro_batch_size: int = 1
-    """Stages form: samples per micro-batch, split over each stage's replicas; global batch = M x this."""
+    """Stages form: samples per micro-batch, split over each stage's replicas; global batch = M x this. Burst form:
+    the batch (M = 1), split over each layer's GPUs."""
     schedule: str = "1f1b"
     """Stages form: gpipe or 1f1b (DAPPLE early backward)."""
     warmup_policy: str = "A"
@@ -86,16 +96,21 @@ class Plan:
     """Free-form provenance written by the driver that made the plan (its name, its own estimate)."""
 
     def __post_init__(self) -> None:
-        if (self.strategy is None) == (not self.stages):
-            raise PlanError("a plan has either a strategy or a list of stages (exactly one of them)")
-        if self.stages:
+        if (self.strategy is not None) + bool(self.stages) + bool(self.burst) != 1:
+            raise PlanError("a plan has a strategy, a list of stages or per-layer burst GPUs (exactly one of them)")
+        if self.burst:
+            from distsim.burst_form import check_burst_fields
+
+            check_burst_fields(self)
+        if self.stages or self.burst:
             # validates M, b, schedule, policy and grad_sync with the strategy's own checks
             self.pipeline_strategy()
 
     # ------------------------------------------------------------------------------------------------ derived
     @property
     def kind(self) -> str:
-        return "uniform" if self.strategy is not None else "stages"
+        """One of :data:`PLAN_KINDS`."""
+        return "uniform" if self.strategy is not None else "stages" if self.stages else "burst"
 
     @property
     def global_batch_size(self) -> int:
@@ -107,12 +122,25 @@ class Plan:
     def num_gpus(self) -> int:
         if self.strategy is not None:
             return self.strategy.num_gpus
+        if self.burst:
+            return len(self.gpus)
         return sum(s.replicas for s in self.stages)
 
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPU ids a stages or burst plan uses, sorted (a uniform plan: 0..n-1)."""
+        if self.strategy is not None:
+            return tuple(range(self.strategy.num_gpus))
+        layouts = self.burst or tuple(s.devices for s in self.stages)
+        return tuple(sorted({g for devices in layouts for g in devices}))
+
     def pipeline_strategy(self) -> Strategy:
-        """The schedule-level view of a stages plan: pp = stages, M micro-batches (replication aside)."""
+        """The schedule-level view of a stages plan: pp = stages, M micro-batches (replication aside); of a burst
+        plan: one stage, one batch."""
         if self.strategy is not None:
             return self.strategy
+        if self.burst:
+            return Strategy(micro_batch_size=self.micro_batch_size, grad_sync=self.grad_sync)
         if self.schedule not in ("gpipe", "1f1b", "dapple"):
             raise PlanError(f"a stages plan runs gpipe or 1f1b, not {self.schedule!r}")
         return Strategy(
@@ -131,9 +159,14 @@ class Plan:
         )
 
     def notation(self) -> str:
-        """DAPPLE's notation: ``DP``, ``straight`` or replicas per stage (``15:1``), and the split (``13:11``)."""
+        """DAPPLE's notation: ``DP``, ``straight`` or replicas per stage (``15:1``), and the split (``13:11``); a
+        burst plan's GPUs per layer as runs, ``burst 1x3,8x10`` (3 layers on 1 GPU, then 10 on 8)."""
         if self.strategy is not None:
             return str(self.strategy)
+        if self.burst:
+            from distsim.burst_form import burst_notation
+
+            return burst_notation(self.burst)
         return stages_notation(self.stages)
 
     def replica_samples(self, stage: int) -> list[tuple[int, int]]:
@@ -161,8 +194,14 @@ def split_samples(b: int, r: int) -> list[tuple[int, int]]:
 
 
 def check_plan(plan: Plan, num_layers: int, num_gpus: int) -> None:
-    """Raise PlanError naming the first problem of a stages plan against the model's layers and the cluster's GPUs."""
+    """Raise PlanError naming the first problem of a stages or burst plan against the model's layers and the
+    cluster's GPUs."""
     if plan.strategy is not None:
+        return
+    if plan.burst:
+        from distsim.burst_form import check_burst
+
+        check_burst(plan, num_layers, num_gpus)
         return
     expected = 0
     seen: dict[int, int] = {}
@@ -203,12 +242,18 @@ def plan_from_strategy(strategy: Strategy, model: str, cluster: str, nodes: int 
 _TOP_KEYS = {
     "model", "cluster", "nodes", "strategy", "stages", "micro_batches", "micro_batch_size", "schedule", "policy",
     "max_in_flight", "grad_sync", "bucket_cap_mb", "gradient_groups", "recompute", "recompute_layers",
-    "optimizer_sharding", "note",
+    "optimizer_sharding", "note", "kind",
 }  # fmt: skip
+_BURST_KEYS = {"batch", "counts", "layers"}
+"""Keys of the burst form only (:mod:`distsim.burst_form`)."""
 
 
 def plan_to_dict(plan: Plan) -> dict[str, object]:
     """The plan as the YAML/JSON mapping that :func:`plan_from_dict` reads back to an equal plan."""
+    if plan.burst:
+        from distsim.burst_form import burst_to_dict
+
+        return burst_to_dict(plan)
     out: dict[str, object] = {"model": plan.model, "cluster": plan.cluster}
     if plan.nodes is not None:
         out["nodes"] = plan.nodes
@@ -314,10 +359,11 @@ def _groups(value: object, where: str) -> tuple[tuple[int, int], ...]:
 def plan_from_dict(data: object, where: str) -> Plan:
     """Read a plan mapping (see the module docstring); errors name the file and the key."""
     if not isinstance(data, dict):
-        raise PlanError(f"{where}: a plan file is a mapping with model, cluster and strategy or stages")
-    unknown = sorted(set(data) - _TOP_KEYS)
+        raise PlanError(f"{where}: a plan file is a mapping with model, cluster and strategy, stages or counts")
+    unknown = sorted(set(data) - _TOP_KEYS - _BURST_KEYS)
     if unknown:
-        raise PlanError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+        allowed = ", ".join(sorted(_TOP_KEYS | _BURST_KEYS))
+        raise PlanError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
     for key in ("model", "cluster"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise PlanError(f"{where}: needs {key}: a name or file path")
@@ -326,8 +372,22 @@ def plan_from_dict(data: object, where: str) -> Plan:
         raise PlanError(f"{where}: note must be a mapping")
     common = {"model": data["model"], "cluster": data["cluster"], "nodes": _int(data, "nodes", where, None),
               "note": note}  # fmt: skip
+    kind = data.get("kind")
+    if kind is not None and kind not in PLAN_KINDS:
+        raise PlanError(f"{where}: kind must be one of {', '.join(PLAN_KINDS)}, got {kind!r}")
+    if kind == "burst" or (kind is None and set(data) & _BURST_KEYS):
+        from distsim.burst_form import burst_from_dict
+
+        return burst_from_dict(data, where, common)
+    burst_only = sorted(set(data) & _BURST_KEYS)
+    if burst_only:
+        raise PlanError(f"{where}: {burst_only[0]} belongs to a burst plan (kind: burst), not a {kind} plan")
     if ("strategy" in data) == ("stages" in data):
-        raise PlanError(f"{where}: give either strategy (uniform degrees) or stages (layer ranges and devices)")
+        raise PlanError(f"{where}: give either strategy (uniform degrees), stages (layer ranges and devices) or, with "
+                        "kind: burst, counts or layers (GPUs per layer)")  # fmt: skip
+    if kind is not None and kind != ("uniform" if "strategy" in data else "stages"):
+        given = "strategy" if "strategy" in data else "stages"
+        raise PlanError(f"{where}: kind {kind} does not match the plan's {given}")
     if "strategy" in data:
         extra = sorted(set(data) & {"micro_batches", "micro_batch_size", "schedule", "policy", "max_in_flight",
                                     "grad_sync", "bucket_cap_mb", "gradient_groups", "recompute", "recompute_layers",
@@ -404,3 +464,31 @@ def stages_plan(
         recompute=strategy.recompute, recompute_layers=strategy.recompute_layers,
         optimizer_sharding=strategy.optimizer_sharding, note=dict(note),
     )  # fmt: skip
+
+
+def burst_plan(
+    model: Model | str, cluster: Cluster | str, counts: Sequence[int], batch: int, nodes: int | None = None, *,
+    devices: Mapping[int, Sequence[int]] | None = None, grad_sync: str = "bulk", **note: object,
+) -> Plan:  # fmt: skip
+    """A burst plan (DeepPool) training one batch of `batch` samples: layer i (in model order) on GPUs
+    0..counts[i]-1, or on ``devices[i]`` where given (concurrent branches placed side by side; its length must be
+    counts[i]). Checked against the model and the cluster when they are given as objects (else when simulated);
+    `nodes` defaults to a given cluster's node count."""
+    devices = devices or {}
+    layouts = []
+    for i, g in enumerate(counts):
+        own = tuple(int(x) for x in devices[i]) if i in devices else tuple(range(g))
+        if len(own) != g:
+            raise PlanError(f"layer {i}: {g} GPUs counted but devices {format_devices(own) or 'none'} given")
+        layouts.append(own)
+    if set(devices) - set(range(len(counts))):
+        raise PlanError(f"devices given for layer {max(devices)}, but there are {len(counts)} counts")
+    plan = Plan(
+        model=model if isinstance(model, str) else model.name,
+        cluster=cluster if isinstance(cluster, str) else cluster.name,
+        nodes=nodes if nodes is not None or isinstance(cluster, str) else cluster.nodes,
+        burst=tuple(layouts), micro_batch_size=batch, grad_sync=grad_sync, note=dict(note),
+    )  # fmt: skip
+    if not isinstance(model, str):
+        check_plan(plan, model.num_layers, MAX_GPUS if isinstance(cluster, str) else cluster.num_gpus)
+    return plan

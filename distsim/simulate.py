@@ -17,7 +17,7 @@ from distsim.costs import AnalyticCosts, CostSource
 from distsim.errors import DistsimError
 from distsim.flow.events import EventFlow, FlowOptions
 from distsim.flow.uniform import build_flow, estimate_tasks
-from distsim.memory import MemoryEstimate, estimate_memory
+from distsim.memory import MemoryEstimate, burst_memory, estimate_memory
 from distsim.models.graph import Model
 from distsim.plan import Plan
 from distsim.strategy import Strategy
@@ -43,7 +43,8 @@ class SimResult:
     sampled_iteration_s: list[float] | None = None
     """Stochastic simulation: the iteration time of every sampled run (sorted); None when deterministic."""
     plan: Plan | None = None
-    """The stages plan simulated (its ``strategy`` is then the schedule-level view: pp = stages, dp = 1)."""
+    """The stages or burst plan simulated (its ``strategy`` is then the schedule-level view: pp = stages, dp = 1;
+    one stage for a burst plan)."""
 
     # ------------------------------------------------------------------------------------------------ metrics
     @property
@@ -185,8 +186,69 @@ class SimResult:
 
 
 def _plan_detail(plan: Plan) -> str:
+    return PLAN_SIMULATORS[plan.kind].detail(plan)
+
+
+@dataclass(frozen=True)
+class PlanKind:
+    """How :func:`simulate` handles one kind of plan (a uniform plan is simulated from its strategy): its event-flow
+    builder, its task count before building, its memory per GPU (or pipeline rank) and a one-line description."""
+
+    build: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], EventFlow]
+    estimate: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], int]
+    memory: Callable[[Model, Cluster, Plan, EventFlow], list[MemoryEstimate]]
+    detail: Callable[[Plan], str]
+
+
+def _stages_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
+    from distsim.flow.stages import build_plan_flow
+
+    return build_plan_flow(model, cluster, plan, costs, options)
+
+
+def _stages_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
+    from distsim.flow.stages import estimate_plan_tasks
+
+    return estimate_plan_tasks(model, cluster, plan, costs, options)
+
+
+def _stages_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
+    samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
+    return estimate_memory(model, flow.strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes, samples)
+
+
+def _stages_detail(plan: Plan) -> str:
     stages = "; ".join(f"layers {a}-{b - 1} on {len(st.devices)} GPU(s)" for st in plan.stages for a, b in [st.layers])
     return f"mbs={plan.micro_batch_size} mb={plan.micro_batches} schedule={plan.schedule}: {stages}"
+
+
+def _burst_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
+    from distsim.flow.burst import build_burst_flow
+
+    return build_burst_flow(model, cluster, plan, costs, options)
+
+
+def _burst_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
+    from distsim.flow.burst import estimate_burst_tasks
+
+    return estimate_burst_tasks(model, cluster, plan, costs, options)
+
+
+def _burst_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
+    return burst_memory(model, plan.burst, plan.micro_batch_size, cluster.gpu.memory_bytes)
+
+
+def _burst_detail(plan: Plan) -> str:
+    from distsim.burst_form import describe_layouts
+
+    return f"batch={plan.micro_batch_size} grad_sync={plan.grad_sync}: {describe_layouts(plan.burst)}"
+
+
+PLAN_SIMULATORS: dict[str, PlanKind] = {
+    "stages": PlanKind(_stages_build, _stages_estimate, _stages_memory, _stages_detail),
+    "burst": PlanKind(_burst_build, _burst_estimate, _burst_memory, _burst_detail),
+}
+"""Plan kind -> how it is simulated (:data:`distsim.plan.PLAN_KINDS` but uniform, which is its strategy)."""
 
 
 DEFAULT_MAX_TASKS = 5_000_000
@@ -216,9 +278,7 @@ def estimate_size(
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options, target = _resolve(strategy, options or FlowOptions(), samples)
     if isinstance(target, Plan):
-        from distsim.flow.stages import estimate_plan_tasks
-
-        tasks = estimate_plan_tasks(model, cluster, target, costs, replace(options, symmetric=False))
+        tasks = PLAN_SIMULATORS[target.kind].estimate(model, cluster, target, costs, replace(options, symmetric=False))
     else:
         tasks = estimate_tasks(model, cluster, target, costs, options)
     return tasks, max(1, samples)
@@ -283,9 +343,7 @@ def simulate(
         options, target = _resolve(strategy, options, samples)
         plan = target if isinstance(target, Plan) else None
         if plan is not None:
-            from distsim.flow.stages import build_plan_flow
-
-            flow = build_plan_flow(model, cluster, plan, costs, replace(options, symmetric=False))
+            flow = PLAN_SIMULATORS[plan.kind].build(model, cluster, plan, costs, replace(options, symmetric=False))
             strategy = flow.strategy
         else:
             assert isinstance(target, Strategy)
@@ -296,11 +354,10 @@ def simulate(
             result, sampled = _stochastic(flow, samples, seed, progress)
         else:
             result = engine.run(flow.duration_s, flow.deps, flow.releases)
-    stage_samples = None
     if plan is not None:
-        stage_samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
-    memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes,
-                             stage_samples)  # fmt: skip
+        memory = PLAN_SIMULATORS[plan.kind].memory(model, cluster, plan, flow)
+    else:
+        memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
     elapsed = time.perf_counter() - t0
     return SimResult(model, cluster, strategy, options, flow, result, memory, costs.name, elapsed,
                      sorted(sampled) if sampled else None, plan)  # fmt: skip

@@ -76,7 +76,7 @@ def execute(**kw: Any) -> None:
     if kw["plan_path"]:
         plan = load_plan_for(kw)
         if plan.strategy is None:
-            raise DistsimError(f"{kw['plan_path']} is a stages plan (layers and devices per stage); distsim execute "
+            raise DistsimError(f"{kw['plan_path']} is a {plan.kind} plan ({plan.notation()}); distsim execute "
                                "runs uniform strategies (tp x pp x dp)")  # fmt: skip
         kw["strategy_text"] = plan.strategy.describe()
         given = strategy_overrides(kw)[1]

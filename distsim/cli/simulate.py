@@ -56,8 +56,9 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
     "plan_path",
     type=click.Path(dir_okay=False),
     metavar="FILE",
-    help="A plan file (YAML/JSON) instead of --strategy: a strategy, or stages with their own layer ranges and "
-    "devices (what `distsim search` writes).",
+    help="A plan file (YAML/JSON) instead of --strategy: a strategy, stages with their own layer ranges and "
+    "devices, or a burst plan (kind: burst, batch: B, counts: '1x3,8x10' = GPUs x layers, or layers: one GPU count "
+    "or {gpus: '0-3'} per layer); what `distsim search` writes.",
 )
 @click.option(
     "--micro-batches",
@@ -179,6 +180,15 @@ def simulate(**kw: Any) -> None:
           --micro-batches 8 --schedule 1f1b --trace gpt2.json --plot gpt2.png
     A plan written by `distsim search` (stages may differ in layers and replicas):
       distsim simulate --plan dapple.plan.yaml --plot dapple.png
+    A burst plan (DeepPool: each layer on its own GPUs; the chart shows who idles):
+      distsim simulate --plan burst.plan.yaml --plot burst.png
+      # burst.plan.yaml (or layers: one GPU count or {gpus: "0-3"} per layer, instead of counts)
+      kind: burst
+      model: vgg16
+      cluster: dgx-a100
+      nodes: 1
+      batch: 32
+      counts: 1x3,8x10,1x8    # 3 layers on GPU 0, 10 on GPUs 0-7, 8 on GPU 0
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
     from distsim.costs import ProfileCosts
@@ -299,12 +309,19 @@ def _load_note(provenance: dict[str, Any]) -> str:
     return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n" + note
 
 
+_PLAN_LINES = {
+    "stages": lambda p, n: (f"{len(p.stages)} stages on {n} GPUs; {p.micro_batches} micro-batches of "
+                            f"{p.micro_batch_size} samples split over each stage's replicas; {p.schedule}"),
+    "burst": lambda p, n: (f"{len(p.burst)} layers on {n} GPUs; one batch of {p.micro_batch_size} samples split over "
+                           f"each layer's GPUs; grad_sync {p.grad_sync}"),
+}  # fmt: skip
+"""Plan kind -> what the summary says of its plan (given the plan and its GPU count)."""
+
+
 def _summary(r: Any) -> str:
     s, m, c = r.strategy, r.model, r.cluster
     if r.plan is not None:
-        p = r.plan
-        what = (f"plan {p.notation()} ({len(p.stages)} stages on {r.num_gpus} GPUs; {p.micro_batches} micro-batches "
-                f"of {p.micro_batch_size} samples split over each stage's replicas; {p.schedule})")  # fmt: skip
+        what = f"plan {r.plan.notation()} ({_PLAN_LINES[r.plan.kind](r.plan, r.num_gpus)})"
     else:
         what = f"strategy {s} ({s.describe()})"
     lines = [
@@ -326,11 +343,13 @@ def _summary(r: Any) -> str:
     lines.append(f"  bubble fraction    {100 * r.bubble_fraction:.1f} % (mean idle share of the iteration)")
     lines.append(f"  exposed comm       {fmt_time(r.exposed_comm_s)} per GPU (mean)")
     worst = max(r.memory, key=lambda x: x.total_bytes)
+    burst = r.plan is not None and r.plan.kind == "burst"
     verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
     lines.append(
         f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
-        f"on rank {worst.rank} ({verdict}; states {worst.states_bytes / GB:.2f} GB, "
-        f"activations {worst.all_activations_bytes / GB:.2f} GB for {worst.in_flight_microbatches:g} micro-batches)"
+        f"on {'GPU' if burst else 'rank'} {worst.rank} ({verdict}; states {worst.states_bytes / GB:.2f} GB, "
+        f"activations {worst.all_activations_bytes / GB:.2f} GB for "
+        + ("its shards of the batch)" if burst else f"{worst.in_flight_microbatches:g} micro-batches)")
     )
     lines.append(f"  memory parts       {worst.describe_parts(GB)}")
     sim = len(r.flow.represents)
@@ -352,7 +371,12 @@ def _summary(r: Any) -> str:
         lines += [f"                       {k}" for k in missing[:6]]
         if len(missing) > 6:
             lines.append(f"                       ... and {len(missing) - 6} more (--json lists all)")
-    lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
+    if burst:
+        from distsim.burst_form import describe_layouts
+
+        lines.append("  GPUs per layer     " + describe_layouts(r.plan.burst))
+    else:
+        lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
     lines.append("")
     lines.append("  per GPU                compute    exposed comm   idle")
     stats = {g.gpu: g for g in r.per_gpu}
