@@ -8,14 +8,18 @@ import itertools
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from distsim import FlowOptions, simulate
 from distsim.burst import redistribution, shards
 from distsim.cluster import get_cluster
 from distsim.costs import AnalyticCosts
+from distsim.io import load_plan
+from distsim.models import Model, model_from_dict
 from distsim.models.zoo import get_model
 from distsim.search.deeppool import (
     Block,
@@ -29,8 +33,9 @@ from distsim.search.deeppool import (
     plan_deeppool,
     plan_linear,
     power_counts,
+    side_by_side,
 )
-from tests.util import run_cli
+from tests.util import hand_cluster, run_cli
 
 approx = pytest.approx
 
@@ -192,6 +197,41 @@ def test_redistribution_matches_the_pairwise_overlaps(batch: int, h: int, g: int
     assert (moved.sent, moved.received) == (sent, received)
 
 
+# ------------------------------------------------------------------------------------- the plan it hands over
+def hand_model(layers: list[tuple[float, int, float]]) -> Model:
+    """A chain of (forward seconds per sample on the hand GPU, params, out_bytes per sample)."""
+    spec = [{"name": f"l{i}", "op": f"op{i}", "flops": s * 1e12, "params": p, "out_bytes": b}
+            for i, (s, p, b) in enumerate(layers)]  # fmt: skip
+    return model_from_dict({"name": "hand", "layers": spec})
+
+
+def test_the_plan_simulates_to_the_planners_time_on_a_chain() -> None:
+    """On the hand cluster (1000 B/s, no latency, free optimizer step), batch 4, counts 1, 2, 4. l0 and l2 are
+    fc-like (F + B = 0.3 s per sample, 2000 parameters: a 4000-byte all-reduce costs 4 s on 2 GPUs, 6 s on 4), l1
+    is a wide conv (3 s per sample, no parameters). The planner bursts l1 alone: 1.2 + (2 x 0.3 + 3) + (2 x 0.3 +
+    1.2) = 6.6 s (each layout change: GPU 0 sends or receives 3 samples of 100 bytes). A chain with bulk all-reduces
+    overlaps nothing, so the simulator's iteration is the planner's S."""
+    model = hand_model([(0.1, 2000, 100.0), (1.0, 0, 100.0), (0.1, 2000, 0.0)])
+    cluster = hand_cluster()
+    result = plan_deeppool(model, cluster, AnalyticCosts(cluster), 8, 4)
+    assert result.best.gpus == (1, 4, 1) and result.dropped == (8,)
+    assert result.best.time_s == approx(6.6)
+    plan = result.plan()
+    assert plan.kind == "burst" and plan.burst == ((0,), (0, 1, 2, 3), (0,)) and plan.micro_batch_size == 4
+    assert plan.note["planner_estimate_s"] == approx(6.6)
+    sim = simulate(model, cluster, plan, AnalyticCosts(cluster), FlowOptions(host=False))
+    assert sim.iteration_time_s == approx(result.best.time_s)
+
+
+def test_side_by_side_puts_concurrent_branches_on_their_own_gpus() -> None:
+    p = diamond()
+    top = decompose(p.names, p.inputs)
+    # B (2 GPUs) is the wider branch: it keeps the block's first GPUs, C goes next to it
+    assert side_by_side(top, (2, 2, 1, 2), 4) == {0: (0, 1), 1: (0, 1), 2: (2,), 3: (0, 1)}
+    # 2 + 2 GPUs do not fit in 3: both branches from GPU 0
+    assert side_by_side(top, (2, 2, 2, 2), 3) == {0: (0, 1), 1: (0, 1), 2: (0, 1), 3: (0, 1)}
+
+
 # ------------------------------------------------------------------------------------------- named errors
 def test_counts_above_the_batch_are_dropped() -> None:
     assert feasible_counts((1, 2, 4, 8, 16), batch=4, gpus=16) == ((1, 2, 4), (8, 16))
@@ -233,15 +273,34 @@ def test_an_amplification_limit_below_one_is_refused() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- the CLI
-def test_cli_vgg16_on_one_node(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_vgg16_on_one_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
     args = ["search", "deeppool", "--model", "vgg16", "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "32"]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     assert "GPUs per layer:" in out and "layers 0-" in out
-    assert "burst plan (planner)" in out and "data parallel x8" in out and "amplification" in out
-    code, out, err = run_cli([*args, "--json"], capsys)
+    assert "burst plan" in out and "data parallel x8" in out and "amplification" in out and "simulated" in out
+    assert "wrote deeppool.plan.yaml" in out and (tmp_path / "deeppool.plan.yaml").exists()
+    code, out, err = run_cli([*args, "--json", "--plan-out", "", "--no-simulate"], capsys)
     data = json.loads(out)
     assert code == 0 and len(data["plan"]["gpus"]) == 21 and data["data_parallel"]["gpus"] == [8] * 21
+    assert data["written"] == [] and data["simulated_s"] == {"plan": None, "data_parallel": None}
+
+
+def test_cli_writes_a_plan_the_simulator_takes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_file = tmp_path / "vgg.plan.yaml"
+    args = ["search", "deeppool", "--model", "vgg16", "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "32",
+            "--plan-out", str(out_file), "--json"]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    plan = load_plan(out_file)
+    assert plan.kind == "burst" and [len(d) for d in plan.burst] == data["plan"]["gpus"]
+    assert plan.note["predicted_iteration_s"] == approx(data["simulated_s"]["plan"], rel=1e-6)
+    code, out, err = run_cli(["simulate", "--plan", str(out_file), "--json"], capsys)
+    assert code == 0 and json.loads(out)["iteration_time_s"] == approx(data["simulated_s"]["plan"])
 
 
 @pytest.mark.parametrize(
@@ -254,13 +313,13 @@ def test_cli_vgg16_on_one_node(capsys: pytest.CaptureFixture[str]) -> None:
 )
 def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
     args = ["search", "deeppool", "--model", "vgg16", "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "32"]
-    code, _, err = run_cli([*args, *extra], capsys)
+    code, _, err = run_cli([*args, *extra, "--plan-out", ""], capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_warns_of_layers_over_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["search", "deeppool", "--model", "inception-v3", "--cluster", "dgx-a100", "--nodes", "1",
-            "--global-batch", "32", "--quiet"]  # fmt: skip
+            "--global-batch", "32", "--quiet", "--plan-out", "", "--no-simulate"]  # fmt: skip
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     assert "warning:" in out and "exceed the amplification limit 2" in out

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from distsim.cli.common import fmt_time, load_costs
+from distsim.cli.common import check_outputs, fmt_time, load_costs
 from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
 
 TOP_AMPLIFIED = 10
@@ -23,6 +23,18 @@ TOP_AMPLIFIED = 10
 @click.option("--counts", "counts_text", metavar="LIST",
               help="Candidate GPU counts per layer, e.g. 1,2,3,4,6,8 (those above the global batch or --gpus are "
                    "dropped). [default: powers of two up to --gpus]")  # fmt: skip
+@click.option("--placement", type=click.Choice(["prefix", "side-by-side"]), default="prefix", show_default=True,
+              help="Where the written plan puts layers: on GPUs 0..g-1, as the planner prices every layout change, "
+                   "or a block's branches on disjoint GPUs where they fit (they then run at once, but a narrow "
+                   "layer's activations move to other GPUs, which the planner did not count).")  # fmt: skip
+@click.option("--grad-sync", type=click.Choice(["bulk", "wfbp"]), default="bulk", show_default=True,
+              help="The written plan's gradient all-reduces: after the whole backward (bulk, the planner's "
+                   "no-overlap assumption) or each right after its layer's backward (wfbp).")  # fmt: skip
+@click.option("--plan-out", default="deeppool.plan.yaml", show_default=True, metavar="FILE",
+              help="Write the burst plan as a plan file ('' to skip).")  # fmt: skip
+@click.option("--simulate/--no-simulate", default=True, show_default=True,
+              help="Simulate the burst plan and plain data parallelism (every GPU is simulated: Inception-v3's "
+                   "data parallelism over 1024 GPUs takes about 8 s).")  # fmt: skip
 @click.option("--verbose", "-v", is_flag=True, help=f"The amplification of every layer, not the "
               f"{TOP_AMPLIFIED} most amplified.")  # fmt: skip
 @click.option("--quiet", "-q", is_flag=True, help="Only the plan and the comparison, no tables.")
@@ -34,8 +46,9 @@ def deeppool(**kw: Any) -> None:
     counting each layer's compute, its gradient all-reduce over its GPUs and the cost of moving activations (and
     their gradients) between layers on different counts; a layer's GPU-seconds may grow to at most --amp-limit
     times its single-GPU compute. Branch/join blocks (Inception's modules) are reduced to one transition, their
-    branches planned concurrently. Prints the counts, the planner's time and GPU-seconds, and the same for plain
-    data parallelism over all the GPUs.
+    branches planned concurrently. Prints the counts, the planner's time and GPU-seconds, the same for plain data
+    parallelism over all the GPUs, the simulator's prediction of both, and writes the plan (a burst plan file that
+    `distsim simulate --plan` takes).
 
     \b
     VGG-16 on one 8-GPU DGX A100, global batch 32 (the paper's setting):
@@ -44,18 +57,50 @@ def deeppool(**kw: Any) -> None:
       distsim search deeppool --model inception-v3 --cluster dgx-a100 --nodes 128 --global-batch 1024 \\
           --amp-limit 4
     """
+    from distsim.io import write_plan
     from distsim.search.deeppool import plan_deeppool
     from distsim.search.space import cluster_for
 
+    stdout_taken = check_outputs(kw, {"plan_out": "--plan-out"})
     model, cluster, gpus = model_and_gpus(kw)
     cluster = cluster_for(cluster, gpus)
     costs = load_costs(cluster, kw["profile_path"], kw["strict"])
     counts = opt_int_list(kw["counts_text"], "--counts")
     result = plan_deeppool(model, cluster, costs, gpus, kw["global_batch"], counts, kw["amp_limit"])
+    place = {"placement": kw["placement"], "grad_sync": kw["grad_sync"], "model": kw["model_name"],
+             "cluster": kw["cluster_name"]}  # fmt: skip
+    simulated = simulate_plans(result, costs, place) if kw["simulate"] else {}
+    written = []
+    if kw["plan_out"]:
+        note: dict[str, object] = {"global_batch": result.batch}
+        if "best" in simulated:
+            note["predicted_iteration_s"] = round(simulated["best"], 9)
+        written.append(str(write_plan(kw["plan_out"], result.plan("best", **place, **note))))
     if kw["as_json"]:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        data = result.to_dict()
+        data["simulated_s"] = {"plan": simulated.get("best"), "data_parallel": simulated.get("dp")}
+        data["placement"], data["grad_sync"], data["written"] = kw["placement"], kw["grad_sync"], written
+        click.echo(json.dumps(data, indent=2))
         return
-    click.echo(report(result, verbose=kw["verbose"], quiet=kw["quiet"]))
+    lines = [report(result, simulated, verbose=kw["verbose"], quiet=kw["quiet"]), *(f"wrote {p}" for p in written)]
+    if written and kw["plan_out"] != "-":
+        lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot deeppool.png")
+    click.echo("\n".join(lines), err=bool(stdout_taken))
+
+
+def simulate_plans(result: Any, costs: Any, place: dict[str, str]) -> dict[str, float]:
+    """The simulated iteration of the burst plan (``best``) and of plain data parallelism (``dp``), each when its
+    flow is within the simulator's task limit."""
+    from distsim.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
+
+    out = {}
+    for which in ("best", "dp"):
+        if which == "dp" and result.dp is None:
+            continue
+        plan = result.plan(which, **place)
+        if estimate_size(result.model, result.cluster, plan, costs)[0] <= DEFAULT_MAX_TASKS:
+            out[which] = simulate(result.model, result.cluster, plan, costs).iteration_time_s
+    return out
 
 
 def _gpus(g: int) -> str:
@@ -77,7 +122,7 @@ def warnings(result: Any) -> list[str]:
     return [f"warning: {len(over)} layer(s) exceed the amplification limit {best.amp_limit:g} ({named}): {why}"]
 
 
-def report(result: Any, verbose: bool = False, quiet: bool = False) -> str:
+def report(result: Any, simulated: dict[str, float] | None = None, verbose: bool = False, quiet: bool = False) -> str:
     best, dp, model, c = result.best, result.dp, result.model, result.cluster
     names = best.names
     dropped = f" ({','.join(map(str, result.dropped))} dropped: above the batch or the GPUs)" if result.dropped else ""
@@ -94,21 +139,29 @@ def report(result: Any, verbose: bool = False, quiet: bool = False) -> str:
         span = f"layer {a}" if a == b else f"layers {a}-{b}"
         where = names[a] if a == b else f"{names[a]} .. {names[b]}"
         lines.append(f"  {span:<15} {_gpus(g):>9}  ({where})")
-    lines += ["", f"{'':<24}{'iteration':>12}{'GPU-seconds':>14}{'samples/s':>12}"]
-    rows = [("burst plan (planner)", best)]
+    simulated = simulated or {}
+    lines += ["", f"{'':<24}{'planner':>12}{'GPU-seconds':>14}{'simulated':>12}{'samples/s':>12}"]
+    rows = [("burst plan", "best", best)]
     if dp is not None:
-        rows.append((f"data parallel x{result.gpus}", dp))
-    for label, r in rows:
+        rows.append((f"data parallel x{result.gpus}", "dp", dp))
+    for label, key, r in rows:
+        sim = simulated.get(key)
         lines.append(f"  {label:<22}{fmt_time(r.time_s):>12}{fmt_time(r.gpu_seconds):>14}"
-                     f"{result.batch / r.time_s:>12,.1f}")  # fmt: skip
+                     f"{fmt_time(sim) if sim else '-':>12}{result.batch / (sim or r.time_s):>12,.1f}")  # fmt: skip
     if dp is not None:
-        speed = dp.time_s / best.time_s
-        lines.append(f"  the burst plan takes {best.time_s / dp.time_s:.2f}x data parallelism's time "
-                     f"({'faster' if speed > 1 else 'slower'}) and {best.gpu_seconds / dp.gpu_seconds:.2f}x its "
-                     f"GPU-seconds")  # fmt: skip
+        ratio = f"{best.time_s / dp.time_s:.2f}x (planner)"
+        if "best" in simulated and "dp" in simulated:
+            ratio += f", {simulated['best'] / simulated['dp']:.2f}x (simulated)"
+        lines.append(f"  burst plan / data parallelism: time {ratio}; GPU-seconds "
+                     f"{best.gpu_seconds / dp.gpu_seconds:.2f}x")  # fmt: skip
     else:
         lines.append(f"  data parallelism over all {result.gpus} GPUs: not possible, the global batch "
                      f"({result.batch}) has fewer samples than GPUs")  # fmt: skip
+    if simulated:
+        lines += [
+            "  samples/s from the simulated time. The simulator adds the optimizer step, which the planner",
+            "  leaves out, and lets branches on shared GPUs take turns, which the planner counts as concurrent.",
+        ]
     lines += ["", *warnings(result)] if best.over_limit else []
     if quiet:
         return "\n".join(lines)

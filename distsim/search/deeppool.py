@@ -41,7 +41,8 @@ from distsim.burst import redistribution, scope_of, transfer_cost
 from distsim.cluster import Cluster
 from distsim.costs import CommEvent, ComputeEvent, CostSource
 from distsim.models.graph import Model
-from distsim.search.deeppool_graph import Block, Branch, BurstError, decompose
+from distsim.plan import Plan, burst_plan
+from distsim.search.deeppool_graph import Block, Branch, BurstError, decompose, side_by_side
 
 Edge = tuple[int, int]
 
@@ -446,6 +447,25 @@ def problem_from_model(model: Model, cluster: Cluster, costs: CostSource, gpus: 
                         amp_limit)  # fmt: skip
 
 
+PLACEMENTS = ("prefix", "side-by-side")
+"""Where a plan puts a layer: on GPUs 0..g-1, as the planner prices every layout change (the default), or with a
+block's concurrent branches on disjoint GPUs where they fit (:func:`side_by_side`), which lets them run at once
+but moves the activations of a narrow layer to other GPUs, a cost the planner did not count."""
+
+
+def to_plan(
+    result: BurstResult, model_name: str, cluster_name: str, batch: int, nodes: int,
+    devices: Mapping[int, Sequence[int]] | None = None, grad_sync: str = "bulk", **note: object,
+) -> Plan:  # fmt: skip
+    """A burst plan (:func:`distsim.plan.burst_plan`) of the planner's counts: layer i on GPUs 0..g_i-1, or on
+    ``devices[i]`` (:func:`side_by_side`); `grad_sync` bulk is the planner's no-overlap assumption. The planner's own
+    figures go into the plan's note."""
+    note = {"driver": "distsim search deeppool", "planner_estimate_s": round(result.time_s, 9),
+            "amp_limit": result.amp_limit, **note}  # fmt: skip
+    return burst_plan(model_name, cluster_name, result.gpus, batch, nodes, devices=devices, grad_sync=grad_sync,
+                      **note)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class DeepPoolResult:
     """The planner's answer for a model, and plain data parallelism over every GPU scored with the same costs."""
@@ -460,6 +480,19 @@ class DeepPoolResult:
     dropped: tuple[int, ...]
     """Candidate counts left out (g > B or g > G)."""
     cost_source: str
+
+    def plan(self, which: str = "best", placement: str = "prefix", model: str | None = None,
+             cluster: str | None = None, grad_sync: str = "bulk", **note: object) -> Plan:  # fmt: skip
+        """The plan file form of the burst plan (``best``) or of plain data parallelism (``dp``), placed as
+        `placement` says (:data:`PLACEMENTS`)."""
+        chosen = self.best if which == "best" else self.dp
+        if chosen is None:
+            raise BurstError("data parallelism over every GPU needs at least one sample per GPU")
+        if placement not in PLACEMENTS:
+            raise BurstError(f"placement is one of {', '.join(PLACEMENTS)}, not {placement!r}")
+        devices = side_by_side(check_graph(self.model), chosen.gpus, self.gpus) if placement == "side-by-side" else None
+        return to_plan(chosen, model or self.model.name, cluster or self.cluster.name, self.batch, self.cluster.nodes,
+                       devices=devices, grad_sync=grad_sync, placement=placement, **note)  # fmt: skip
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -490,6 +523,7 @@ def plan_deeppool(model: Model, cluster: Cluster, costs: CostSource, gpus: int, 
 
 
 __all__ = [
+    "PLACEMENTS",
     "Block",
     "Branch",
     "BurstError",
@@ -505,4 +539,6 @@ __all__ = [
     "plan_linear",
     "power_counts",
     "problem_from_model",
+    "side_by_side",
+    "to_plan",
 ]

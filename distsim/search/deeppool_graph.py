@@ -116,3 +116,48 @@ def decompose(names: Sequence[str], inputs: Sequence[Sequence[int]]) -> Branch:
     if missing:
         raise bad(missing[0], "is not on the chain of blocks from the first layer")
     return top
+
+
+def layers_of(branch: Branch) -> list[int]:
+    """Every layer of a branch: its chain's layers, its blocks' layers and joins, its forks' layers."""
+    out: list[int] = []
+    for item in branch.items:
+        if isinstance(item, Block):
+            for b in item.branches:
+                out += layers_of(b)
+            out.append(item.join)
+        else:
+            out.append(item)
+    for f in branch.forks:
+        out += layers_of(f)
+    return out
+
+
+def side_by_side(top: Branch, gpus: Sequence[int], total: int) -> dict[int, tuple[int, ...]]:
+    """GPU ids per layer for per-layer counts `gpus`: a block's branches side by side on disjoint GPUs when their
+    widths (each branch's largest count) fit in the `total` GPUs from the block's own first GPU, the widest first;
+    otherwise every branch from that first GPU, as every layer of the chain is (GPUs 0..g-1 at the top level). The
+    planner counts branches as concurrent; disjoint GPUs let them be (on shared GPUs they take turns)."""
+    devices: dict[int, tuple[int, ...]] = {}
+
+    def chain(items: Sequence[int | Block], first: int) -> None:
+        for item in items:
+            if isinstance(item, Block):
+                together(item.branches, first)
+                item_layer = item.join
+            else:
+                item_layer = item
+            devices[item_layer] = tuple(range(first, first + gpus[item_layer]))
+
+    def together(branches: Sequence[Branch], first: int) -> None:
+        widths = {id(b): max((gpus[i] for i in layers_of(b)), default=0) for b in branches}
+        fits = first + sum(widths.values()) <= total
+        at = first
+        for b in sorted(branches, key=lambda b: -widths[id(b)]):
+            chain(b.items, at)
+            if b.forks:
+                together(b.forks, at)
+            at += widths[id(b)] if fits else 0
+
+    chain(top.items, 0)
+    return devices
