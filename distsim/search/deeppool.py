@@ -17,9 +17,9 @@ minimises the iteration time under a per-layer bound on GPU-seconds, the *amplif
   cost", Sec. 4.2; ALGORITHMS.md's step 5 keeps the minimising g0, which is the same whenever the limit does not
   bind). Blocks nest (recursing), and a branch may itself fork into branches that all end at the enclosing join
   (:mod:`distsim.search.deeppool_graph` finds this structure); the forking layer's config is chosen by the same
-  rule. The state of a layer inside k nested blocks is an array over
-  the k enclosing entry configs and its own, so each step is a few numpy operations (no Python loop over configs
-  except the rule's ordered scan over predecessor counts).
+  rule. The state of a layer inside k nested blocks is an array over the k enclosing entry configs and its own, so
+  each step is a few numpy operations (no Python loop over configs except the rule's ordered scan over predecessor
+  counts).
 
 The result gives per-layer GPU counts, the predicted iteration time S, per-layer T (incoming layout changes +
 compute + gradient all-reduce), Amp = T g / comp(i,1) and GPU-seconds sum T g; :func:`evaluate` scores any per-layer
