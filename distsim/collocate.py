@@ -4,10 +4,11 @@ time the foreground leaves idle.
 The model, step by step:
 
 * **Who hosts a background job.** The foreground (any plan or strategy) is simulated alone. Every GPU of the
-  cluster with usable idle time in that timeline (gaps of at least ``min_gap_s``; a GPU the foreground does not use
-  is idle all iteration) runs one background job: its own model at its own batch on that one GPU (DeepPool's
+  cluster with usable idle time in that timeline (gaps of at least ``min_gap_s``, below; a GPU the foreground does
+  not use is idle all iteration) runs one background job: its own model at its own batch on that one GPU (DeepPool's
   background jobs are single-GPU, its section 1), at lower priority (CUDA stream priorities). A GPU that is never
-  idle gets none, and is not slowed.
+  idle gets none, and is not slowed. Hosts are decided once, on the foreground alone: a GPU that idles only once
+  others are slowed gets no job (no second pass).
 * **Interference.** On a hosting GPU the foreground's compute (forward, backward, optimizer step) takes ``1 + f`` as
   long, f from :meth:`~distsim.costs.CostSource.collocation_slowdown` (measured by ``distsim profile --collocation``,
   else DeepPool's reported bound, :data:`~distsim.costs.DEEPPOOL_COLLOCATION_SLOWDOWN`), and the foreground is
@@ -19,10 +20,12 @@ The model, step by step:
 * **The background's share.** On each hosting GPU, the idle gaps of the *collocated* foreground timeline: time in
   which none of the GPU's device streams runs foreground work (the union of its busy intervals, host rows aside).
   The iteration repeats, so a GPU's idle tail and the next iteration's idle head are one gap. Gaps shorter than
-  ``min_gap_s`` are left unused. The background runs in the rest at its full speed (a fluid model: its kernels
-  fill a gap end to end; what non-preemptive kernels overrunning a gap cost the foreground is what f stands for, so
-  ``min_gap_s`` defaults to 0 rather than counting it twice). Background iterations per second on the GPU = usable
-  idle per foreground iteration / background iteration time / foreground iteration time.
+  ``min_gap_s`` are left unused: the background's kernels cannot be preempted, so a gap shorter than one of its
+  layers is not worth starting one in; by default ``min_gap_s`` is the background's mean compute event (a layer's
+  forward or backward at its batch, :func:`background_grain`). The background runs in the rest at its full speed
+  (a fluid model: its kernels fill a gap end to end; what the last one overrunning the gap costs the foreground is
+  part of what f stands for). Background iterations per second on the GPU = usable idle per foreground iteration /
+  background iteration time / foreground iteration time.
 * **Throughput.** Each job's samples per second; the cluster's total is their sum, DeepPool's metric ("total
   cluster throughput", section 7.1, where both roles run the same model so that samples are comparable; with two
   models a sample of each counts one).
@@ -59,9 +62,6 @@ from distsim.plan import Plan, burst_plan
 from distsim.simulate import DEFAULT_MAX_TASKS, SimResult, simulate
 from distsim.strategy import Strategy
 
-DEFAULT_MIN_GAP_S = 0.0
-"""Shortest idle gap the background can use: 0, every idle second (see the module's notes: the cost of kernels
-that cannot be preempted is in the interference factor)."""
 DEFAULT_BACKGROUND_BATCH = 8
 """Samples per background iteration when none is given. Assumed: DeepPool runs its background jobs "with small batch
 sizes in order to decrease their execution latencies" (section 5) without stating them."""
@@ -125,6 +125,9 @@ class CollocationReport:
     slowdown: CollocationSlowdown
     """The interference factor f applied, and where it came from."""
     min_gap_s: float
+    """The shortest idle gap the background used."""
+    min_gap_given: bool
+    """Whether `min_gap_s` was given (else it is the background's mean compute event, :func:`background_grain`)."""
     shares: tuple[GPUShare, ...]
     """Every GPU of the cluster."""
     splits: tuple[Split, ...] = ()
@@ -198,6 +201,7 @@ class CollocationReport:
             "slowdown_source": self.slowdown.source,
             "slowdown_detail": self.slowdown.detail,
             "min_gap_s": self.min_gap_s,
+            "min_gap_given": self.min_gap_given,
             "foreground_alone_iteration_s": self.alone_iteration_s,
             "foreground_collocated_iteration_s": self.collocated_iteration_s,
             "foreground_slowdown": self.foreground_slowdown,
@@ -258,6 +262,17 @@ def background_iteration(model: Model, cluster: Cluster, batch: int, costs: Cost
     return simulate(model, one_gpu(cluster), Strategy(micro_batch_size=batch), costs, options)
 
 
+def background_grain(background: SimResult) -> float:
+    """The mean duration of the background's compute events (a layer's forward or backward at its batch; its
+    optimizer step aside): the default shortest gap it uses."""
+    from distsim.flow.events import KINDS
+
+    f = background.flow
+    phases = {KINDS.index("forward"), KINDS.index("backward")}
+    durations = [d for d, k in zip(f.duration_s, f.kind, strict=True) if k in phases]
+    return sum(durations) / len(durations) if durations else 0.0
+
+
 # --------------------------------------------------------------------------------------------------- baselines
 def split_sizes(gpus: int) -> list[int]:
     """Foreground GPU counts of the static partitions: powers of two below `gpus`, then `gpus` (DeepPool's 1, 2, 4, 8
@@ -303,7 +318,7 @@ def _check(slowdown: CollocationSlowdown, min_gap_s: float) -> None:
 def collocation_report(
     model: Model, cluster: Cluster, foreground: Strategy | Plan, background: Model,
     costs: CostSource | None = None, *, background_batch: int = DEFAULT_BACKGROUND_BATCH,
-    slowdown: float | None = None, min_gap_s: float = DEFAULT_MIN_GAP_S, options: FlowOptions | None = None,
+    slowdown: float | None = None, min_gap_s: float | None = None, options: FlowOptions | None = None,
     alone: SimResult | None = None, hosts: Collection[int] | None = None, baselines: bool = True,
     max_tasks: int | None = DEFAULT_MAX_TASKS,
 ) -> CollocationReport:  # fmt: skip
@@ -311,18 +326,21 @@ def collocation_report(
     `background_batch` samples on every GPU with usable idle time (see the module's notes for the model).
 
     `slowdown`: the interference factor f (a fraction; None: the cost source's, measured or DeepPool's 18 %);
-    `min_gap_s`: the shortest idle gap the background can use; `alone`: the foreground's simulation alone if already
-    run (with these costs and options, deterministic); `hosts`: the GPUs that may run a background job (None: every
-    GPU; either way only those with usable idle time alone do); `baselines`: also simulate the static partitions."""
+    `min_gap_s`: the shortest idle gap the background can use (None: :func:`background_grain`); `alone`: the
+    foreground's simulation alone if already run (with these costs and options, deterministic); `hosts`: the GPUs
+    that may run a background job (None: every GPU; either way only those with usable idle time alone do);
+    `baselines`: also simulate the static partitions."""
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
     figure = costs.collocation_slowdown() if slowdown is None else CollocationSlowdown(slowdown, "given")
-    _check(figure, min_gap_s)
+    _check(figure, 0.0 if min_gap_s is None else min_gap_s)
     if alone is None:
         alone = simulate(model, cluster, foreground, costs, options, max_tasks=max_tasks)
     elif alone.sampled_iteration_s:
         raise CollocationError("collocation is computed from a deterministic simulation (no --samples)")
     bg = background_iteration(background, cluster, background_batch, costs, options)
+    given = min_gap_s is not None
+    min_gap_s = min_gap_s if min_gap_s is not None else background_grain(bg)
     allowed = set(range(cluster.num_gpus)) if hosts is None else set(hosts)
     unknown = sorted(allowed - set(range(cluster.num_gpus)))
     if unknown:
@@ -342,4 +360,4 @@ def collocation_report(
     if baselines:
         splits = static_splits(model, cluster, alone.global_batch_size, data_parallel_sync(foreground), bg,
                                background_batch, costs, options, max_tasks)  # fmt: skip
-    return CollocationReport(alone, collocated, bg, background_batch, figure, min_gap_s, tuple(shares), splits)
+    return CollocationReport(alone, collocated, bg, background_batch, figure, min_gap_s, given, tuple(shares), splits)

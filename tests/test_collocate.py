@@ -23,6 +23,7 @@ from distsim import simulate
 from distsim.cluster import get_cluster
 from distsim.collocate import (
     CollocationError,
+    background_grain,
     background_iteration,
     collocation_report,
     gpu_gaps,
@@ -118,6 +119,17 @@ def test_the_minimum_gap_leaves_short_gaps_unused() -> None:
     assert r.background_samples_per_s == pytest.approx(6.0 / BG_ITERATION_S / 15.8 * 2)
 
 
+def test_the_default_minimum_gap_is_the_backgrounds_mean_layer() -> None:
+    """The background's forward (0.5 s) and backward (1 s) average 0.75 s: GPU 0's gaps (0.1 and 0.3 s) are too
+    short, GPU 1's (3 and 6 s) are not."""
+    cluster, plan = _chain()
+    assert background_grain(background_iteration(BACKGROUND, cluster, 2, options=NO_HOST)) == pytest.approx(0.75)
+    r = collocation_report(CHAIN, cluster, plan, BACKGROUND, background_batch=2, slowdown=0.0, options=NO_HOST)
+    assert r.min_gap_s == pytest.approx(0.75) and not r.min_gap_given
+    assert r.hosts == [1] and r.shares[1].usable_s == pytest.approx(9.0)
+    assert _report(0.0, min_gap_s=0.0).min_gap_given
+
+
 def test_a_gpu_the_foreground_does_not_use_runs_the_background_all_iteration() -> None:
     r = _report(0.5, gpus=3)
     assert r.shares[2].hosts and r.shares[2].usable_s == pytest.approx(r.collocated_iteration_s)
@@ -182,12 +194,12 @@ def _scenario(draw: Any) -> tuple[Any, Any, Any]:
 @given(_scenario())
 def test_collocation_invariants(scenario: tuple[Any, Any, float]) -> None:
     """Collocation never makes the foreground faster; with f = 0 it leaves it exactly as alone; the background runs
-    only in the collocated foreground's idle time, in proportion to the usable part of it; a longer minimum gap
-    never gives the background more."""
+    only in the collocated foreground's idle time, in proportion to the usable part of it; a longer minimum gap (the
+    default, 0.75 s, against 0) never gives the background more."""
     model, plan, f = scenario
     cluster = hand_cluster(gpus_per_node=4)
-    r = collocation_report(model, cluster, plan, BACKGROUND, background_batch=2, slowdown=f, options=NO_HOST,
-                           baselines=False)  # fmt: skip
+    r = collocation_report(model, cluster, plan, BACKGROUND, background_batch=2, slowdown=f, min_gap_s=0.0,
+                           options=NO_HOST, baselines=False)  # fmt: skip
     assert r.collocated_iteration_s >= r.alone_iteration_s - 1e-12 and r.foreground_slowdown >= 1 - 1e-12
     if f == 0:
         assert r.collocated_iteration_s == r.alone_iteration_s
@@ -204,7 +216,7 @@ def test_collocation_invariants(scenario: tuple[Any, Any, float]) -> None:
     assert all(a[1] <= b[1] + 1e-12 for a, b in itertools.pairwise(hosted))  # monotone in idle time
     if f == 0:
         longer = collocation_report(model, cluster, plan, BACKGROUND, background_batch=2, slowdown=0.0,
-                                    min_gap_s=0.3, options=NO_HOST, baselines=False)  # fmt: skip
+                                    options=NO_HOST, baselines=False)  # fmt: skip
         for a, b in zip(r.shares, longer.shares, strict=True):
             assert b.background_samples_per_s <= a.background_samples_per_s + 1e-12
 

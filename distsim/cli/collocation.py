@@ -25,8 +25,9 @@ def background_options(f: Any) -> Any:
                      show_default=True, help="Samples per background iteration (on its one GPU)."),
         click.option("--background-gpus", metavar="LIST",
                      help="GPUs that may host a background job, e.g. 1-7. [default: every GPU with idle time]"),
-        click.option("--min-gap-us", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                     help="Idle gaps shorter than this stay unused by the background."),
+        click.option("--min-gap-us", type=click.FloatRange(min=0),
+                     help="Idle gaps shorter than this stay unused by the background (its kernels cannot be "
+                     "preempted). [default: the background's mean layer forward or backward]"),
         click.option("--collocation-slowdown", type=click.FloatRange(min=0), metavar="F",
                      help="Foreground compute takes 1 + F as long on a GPU hosting a background job. [default: the "
                      "--profile's measurement (distsim profile --collocation), else 0.18, DeepPool's reported bound]"),
@@ -54,8 +55,9 @@ def check_background(kw: dict[str, Any]) -> Any:
 def collocate_from_options(kw: dict[str, Any], background: Any, model: Any, cluster: Any, target: Any, costs: Any,
                            options: Any, alone: Any) -> CollocationReport:  # fmt: skip
     hosts = parse_devices(kw["background_gpus"], "--background-gpus") if kw["background_gpus"] else None
+    min_gap_s = None if kw["min_gap_us"] is None else kw["min_gap_us"] * 1e-6
     return collocation_report(model, cluster, target, background, costs, background_batch=kw["background_batch"],
-                              slowdown=kw["collocation_slowdown"], min_gap_s=kw["min_gap_us"] * 1e-6,
+                              slowdown=kw["collocation_slowdown"], min_gap_s=min_gap_s,
                               options=options, alone=alone, hosts=hosts, max_tasks=kw.get("max_tasks"))  # fmt: skip
 
 
@@ -87,7 +89,8 @@ def format_report(report: CollocationReport) -> str:
     bg = r.background
     hosts = r.hosts
     where = f"GPUs {format_devices(tuple(hosts))}" if hosts else "no GPU (none has usable idle time)"
-    gap = f", idle gaps under {fmt_time(r.min_gap_s)} unused" if r.min_gap_s > 0 else ""
+    why = "" if r.min_gap_given else " (its mean layer forward or backward)"
+    gap = f"; idle gaps under {fmt_time(r.min_gap_s)} left unused{why}" if r.min_gap_s > 0 else ""
     detail = f": {f.detail}" if f.detail else ""
     lines = [
         f"collocation: background {bg.model.name} at batch {r.background_batch}, one single-GPU job on {where}, "

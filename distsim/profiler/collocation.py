@@ -55,6 +55,8 @@ CYCLES = 30
 """Cycles per round and phase: 2 x ROUNDS x CYCLES foreground cycles of about twice the kernel, a second or two."""
 IN_FLIGHT = 2
 """CUDA: most background kernels queued at once (launch pacing)."""
+LOWEST, HIGHEST = 0, -100
+"""CUDA stream priorities (lower is higher): 0 is the default and lowest; torch maps -100 to the device's highest."""
 READY_TIMEOUT_S = 60.0
 """Seconds the background process may take to start (it imports torch)."""
 
@@ -174,16 +176,15 @@ class CudaBackground:
     """Background GEMMs on a low-priority stream of the device, launched by a thread (untested, see the notes)."""
 
     def __init__(self, device: torch.device):
-        low, _high = torch.cuda.Stream.priority_range()  # numerically greatest = lowest priority
-        self.stream = torch.cuda.Stream(device, priority=low)
+        self.stream = torch.cuda.Stream(device, priority=LOWEST)
         m, k, n = BACKGROUND_GEMM
         self.a = torch.randn(m * 16, k, device=device)
         self.b = torch.randn(k, n, device=device)
         self._run, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
-        self.method = (f"background: fp32 {m * 16}x{k}x{n} GEMMs on a stream of priority {low} launched by a thread, "
-                       f"at most {IN_FLIGHT} queued")  # fmt: skip
+        self.method = (f"background: fp32 {m * 16}x{k}x{n} GEMMs on a stream of priority {self.stream.priority} "
+                       f"launched by a thread, at most {IN_FLIGHT} queued")  # fmt: skip
 
     def _loop(self) -> None:
         queued: list[torch.cuda.Event] = []
@@ -218,12 +219,11 @@ class CudaBackground:
 @contextlib.contextmanager
 def _cuda(device: torch.device) -> Iterator[tuple[Background, Callable[[], None]]]:
     """The background on a low-priority stream; the foreground's kernels go on a high-priority one."""
-    _low, high = torch.cuda.Stream.priority_range()
-    stream = torch.cuda.Stream(device, priority=high)
+    stream = torch.cuda.Stream(device, priority=HIGHEST)
     background = CudaBackground(device)
+    background.method += f"; foreground on a stream of priority {stream.priority}"
     try:
         with torch.cuda.stream(stream):
-            background.method += f"; foreground on a stream of priority {high}"
             yield background, stream.synchronize  # waits for the foreground's stream only
     finally:
         background.close()
