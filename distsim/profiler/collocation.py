@@ -180,6 +180,7 @@ class CudaBackground:
         m, k, n = BACKGROUND_GEMM
         self.a = torch.randn(m * 16, k, device=device)
         self.b = torch.randn(k, n, device=device)
+        torch.cuda.synchronize(device)  # made on the current stream, used on the background's
         self._run, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
