@@ -89,12 +89,12 @@ def format_report(report: CollocationReport) -> str:
     bg = r.background
     hosts = r.hosts
     where = f"GPUs {format_devices(tuple(hosts))}" if hosts else "no GPU (none has usable idle time)"
-    why = "" if r.min_gap_given else " (its mean layer forward or backward)"
-    gap = f"; idle gaps under {fmt_time(r.min_gap_s)} left unused{why}" if r.min_gap_s > 0 else ""
+    why = "given" if r.min_gap_given else "the background's mean layer forward or backward: its kernels run to the end"
     detail = f": {f.detail}" if f.detail else ""
     lines = [
         f"collocation: background {bg.model.name} at batch {r.background_batch}, one single-GPU job on {where}, "
-        f"at lower priority{gap}",
+        "at lower priority",
+        f"  usable idle gaps     at least {fmt_time(r.min_gap_s)} ({why})",
         f"  interference         foreground compute x{1 + f.fraction:.3f} on those GPUs, communication as alone "
         "(DeepPool pauses collocation for it)",
         f"                       ({f.source}{detail})",
