@@ -97,6 +97,29 @@ class Cost:
     the host runs the work itself (CPU devices) or launches are not modelled."""
 
 
+DEEPPOOL_COLLOCATION_SLOWDOWN = 0.18
+"""The analytic default of :meth:`CostSource.collocation_slowdown`: a foreground's compute takes 1.18 x as long on
+a GPU that also runs a low-priority background job. From DeepPool (Park et al., "Efficient Strong Scaling Through
+Burst Parallel Training", MLSys 2022), section 7.1 "Overall performance" (Figure 9, VGG-16 and WideResNet-101-2 on
+8 A100s): "'BP + Col' almost doubles the total cluster throughput with less than 18% degradation of foreground
+throughput". That is an upper bound the paper reports for its tuned runtime (CUDA graphs, stream priorities,
+launch pacing, collocation paused for sensitive operators, small background batches), not a fit. The paper states it
+for the whole iteration; taken here as the stretch of the foreground's compute on a collocated GPU (communication is
+not stretched, see :mod:`distsim.collocate`), it slows an iteration by at most 18 %, a throughput loss of at most
+15 %, inside the paper's bound."""
+
+
+@dataclass(frozen=True)
+class CollocationSlowdown:
+    """How much a low-priority background job on the same device stretches the foreground's compute: by
+    ``1 + fraction``, and where that figure came from (``analytic``: :data:`DEEPPOOL_COLLOCATION_SLOWDOWN`;
+    ``measured``: the profile's; ``given``: set by hand)."""
+
+    fraction: float
+    source: str
+    detail: str = ""
+
+
 class CostSource(Protocol):
     name: str
 
@@ -108,6 +131,10 @@ class CostSource(Protocol):
 
     def interference(self, scope: str) -> tuple[float, float]:
         """(compute slowdown, comm slowdown) while communication of `scope` overlaps compute on one GPU."""
+        ...
+
+    def collocation_slowdown(self) -> CollocationSlowdown:
+        """How much a background job collocated on a GPU (at lower priority) slows the foreground's compute there."""
         ...
 
 
@@ -211,6 +238,11 @@ class AnalyticCosts:
         """Overlap is taken as free unless a profile measured otherwise."""
         return (0.0, 0.0)
 
+    def collocation_slowdown(self) -> CollocationSlowdown:
+        """DeepPool's reported bound (see :data:`DEEPPOOL_COLLOCATION_SLOWDOWN`)."""
+        quote = "DeepPool section 7.1, 'less than 18% degradation of foreground throughput'"
+        return CollocationSlowdown(DEEPPOOL_COLLOCATION_SLOWDOWN, "analytic", quote)
+
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         """An Adam step reads and writes the whole training state once: memory bound."""
         gpu = self.cluster.gpu
@@ -285,6 +317,14 @@ class ProfileCosts:
     def interference(self, scope: str) -> tuple[float, float]:
         found = self.db.interference_for(scope)
         return (found.compute_slowdown, found.comm_slowdown) if found else (0.0, 0.0)
+
+    def collocation_slowdown(self) -> CollocationSlowdown:
+        """The profile's measured figure (``distsim profile --collocation``), else the fallback's (unless strict)."""
+        found = self.db.collocation
+        if found is None:
+            self._missing("the slowdown of a collocated background job (distsim profile --collocation)")
+            return self.fallback.collocation_slowdown()
+        return CollocationSlowdown(found.slowdown, "measured", found.method)
 
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         key = optimizer_key(shard_params, state_bytes_per_param)

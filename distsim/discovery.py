@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distsim.cluster import Cluster
-from distsim.costs import CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
+from distsim.costs import CollocationSlowdown, CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.errors import DistsimError
 from distsim.flow.events import FlowOptions
 from distsim.flow.templates import derived_blocks
@@ -43,6 +43,9 @@ class RecordingCosts:
 
     def interference(self, scope: str) -> tuple[float, float]:
         return self.inner.interference(scope)
+
+    def collocation_slowdown(self) -> CollocationSlowdown:
+        return self.inner.collocation_slowdown()
 
     def optimizer(self, shard_params: float, state_bytes_per_param: int) -> Cost:
         self.optimizer_events[optimizer_key(shard_params, state_bytes_per_param)] = (

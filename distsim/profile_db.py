@@ -16,12 +16,17 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
                 "alpha_s": 1.5e-5, "beta_s_per_byte": 1.9e-10, "points": 8}, ...],
       "compute_fits": [{"family": "optimizer/state_bytes=16", "alpha_s": ..., "beta_s_per_unit": ..., "points": 4}],
       "interference": [{"scope": "intra", "group_size": 2, "bytes": 16777216, "compute_slowdown": 0.4,
-                        "comm_slowdown": 0.6}]
+                        "comm_slowdown": 0.6}],
+      "collocation": {"slowdown": 0.05, "compute_s": 2.1e-3, "alone_s": 4.3e-3, "collocated_s": 4.4e-3,
+                      "cycles": 200, "background_busy": 0.45, "method": "..."}
     }
 
 Version 2 adds ``"model"``: the layer graph of a profiled torch module (``distsim profile --torch-model``) in the
 model-file format of :mod:`distsim.models.loader`, whose compute events are in ``compute``; ``distsim simulate
 --model FILE`` reads it. A profile without a model is still written as version 1, and both versions are read.
+
+``collocation`` (optional, added to version 1 like ``launch_s``) is how much a low-priority background job on the
+same device slows the foreground's compute (``distsim profile --collocation``, see ``distsim.profiler.collocation``).
 
 ``load`` holds each rank's reference-workload time before and after profiling and the machine's load average
 (see ``distsim.machine_load``); the top-level one is the latest run's, as is ``self_check`` (the in-situ chains that
@@ -206,6 +211,25 @@ class Interference:
 
 
 @dataclass(frozen=True)
+class Collocation:
+    """How a low-priority background job on the same device slows the foreground (DeepPool's GPU multiplexing),
+    measured as a foreground that alternates a compute kernel (``compute_s`` alone) with an idle gap as long, over
+    ``cycles`` cycles alone and as many with the background running: ``slowdown`` = (``collocated_s`` - ``alone_s``)
+    / ``compute_s``, the median cycle's extra time per second of foreground compute (kept >= 0: collocation cannot
+    speed the foreground up, a negative difference is noise). ``background_busy``: the share of the collocated
+    cycles' time the background ran (None if not known), which shows it did fill the gaps; ``method``: how it was
+    measured (device, priorities, kernel sizes)."""
+
+    slowdown: float
+    compute_s: float
+    alone_s: float
+    collocated_s: float
+    cycles: int
+    method: str
+    background_busy: float | None = None
+
+
+@dataclass(frozen=True)
 class ProfileDB:
     provenance: dict[str, Any] = field(default_factory=dict)
     compute: dict[str, Measurement] = field(default_factory=dict)
@@ -215,6 +239,8 @@ class ProfileDB:
     interference: tuple[Interference, ...] = ()
     model: dict[str, Any] | None = None
     """The profiled torch module's layer graph (model-file format), or None; checked when it is loaded as a model."""
+    collocation: Collocation | None = None
+    """The measured slowdown of a collocated background job, or None."""
 
     # ---------------------------------------------------------------------------------------------- lookups
     def interference_for(self, scope: str) -> Interference | None:
@@ -296,6 +322,7 @@ class ProfileDB:
             comm=tuple(comm[k] for k in sorted(comm)),
             interference=tuple(interference[k] for k in sorted(interference)),
             model=newer.model if newer.model is not None else self.model,
+            collocation=newer.collocation if newer.collocation is not None else self.collocation,
         ).refit()
 
     # -------------------------------------------------------------------------------------------- (de)serialise
@@ -318,6 +345,8 @@ class ProfileDB:
         }
         if self.model is not None:
             out["model"] = dict(self.model)
+        if self.collocation is not None:
+            out["collocation"] = {k: v for k, v in vars(self.collocation).items() if v is not None}
         return out
 
     @classmethod
@@ -341,7 +370,9 @@ class ProfileDB:
         model = data.get("model")
         if model is not None and not isinstance(model, dict):
             raise ProfileError(f"{where}: model must be an object (a layer graph), got {type(model).__name__}")
-        return cls(dict(provenance), compute, comm, fits, compute_fits, interference, model)
+        raw = data.get("collocation")
+        collocation = None if raw is None else _entry(_collocation, raw, f"{where}: collocation")
+        return cls(dict(provenance), compute, comm, fits, compute_fits, interference, model, collocation)
 
 
 def _section(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -433,3 +464,12 @@ def _interference(v: Any) -> Interference:
     return Interference(str(v["scope"]), int(v["group_size"]), int(v["bytes"]),
                         _finite(v["compute_slowdown"], "compute_slowdown"),
                         _finite(v["comm_slowdown"], "comm_slowdown"))  # fmt: skip
+
+
+def _collocation(v: Any) -> Collocation:
+    if not isinstance(v, dict):
+        raise ProfileError(f"expected an object, got {type(v).__name__}")
+    busy = _opt(v, "background_busy", _positive)
+    return Collocation(_positive(v["slowdown"], "slowdown"), _positive(v["compute_s"], "compute_s"),
+                       _positive(v["alone_s"], "alone_s"), _positive(v["collocated_s"], "collocated_s"),
+                       int(v["cycles"]), str(v.get("method", "")), busy)  # fmt: skip

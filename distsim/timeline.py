@@ -55,19 +55,24 @@ class GPUStats:
         }
 
 
-def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
-    """Total length covered by a set of intervals."""
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint segments (starts, ends, in time order) that a set of intervals covers; touching intervals
+    join."""
     if len(starts) == 0:
-        return 0.0
+        return np.empty(0), np.empty(0)
     order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
     reach = np.maximum.accumulate(e)
     breaks = np.empty(len(s), dtype=bool)
     breaks[0] = True
     breaks[1:] = s[1:] > reach[:-1]
-    seg_start = s[breaks]
     idx = np.flatnonzero(breaks)
-    seg_end = np.maximum.reduceat(e, idx)
+    return s[breaks], np.maximum.reduceat(e, idx)
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by a set of intervals."""
+    seg_start, seg_end = merge_intervals(starts, ends)
     return float(np.sum(seg_end - seg_start))
 
 
@@ -128,6 +133,21 @@ class Timeline:
         return stats_of_rows(df["gpu"].to_numpy(), np.isin(kind, COMPUTE_KINDS), df["start_s"].to_numpy(),
                              df["end_s"].to_numpy(), self.represents, self.gpus_per_node,
                              ~np.isin(kind, HOST_KINDS))  # fmt: skip
+
+    def busy_segments(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per simulated GPU (a key of ``represents``), the disjoint segments in which any of its device streams
+        runs something, in seconds from the iteration's start (host rows, the enqueuing of kernels, are not device
+        time); empty arrays for a GPU that runs nothing. Its idle time is the iteration minus their lengths."""
+        df = self.df
+        t0 = float(df["start_s"].min()) if len(df) else 0.0
+        device = ~np.isin(df["kind"].astype(str).to_numpy(), HOST_KINDS)
+        gpu = df["gpu"].to_numpy()[device]
+        start, end = df["start_s"].to_numpy()[device] - t0, df["end_s"].to_numpy()[device] - t0
+        out = {}
+        for rep in self.represents:
+            mine = gpu == rep
+            out[rep] = merge_intervals(start[mine], end[mine])
+        return out
 
     # ------------------------------------------------------------------------------------------------- exports
     def chrome_trace_events(self, expand: bool = False) -> Iterator[dict[str, Any]]:

@@ -74,6 +74,10 @@ from distsim.output import check_output
     is_flag=True,
     help="Skip timing a short chain of each stage's blocks in situ against their isolated times.",
 )
+@click.option("--collocation", is_flag=True, help="Also measure how much a background job at lower priority on the "
+              "same device slows the foreground (simulate --background's slowdown): on CPU two processes pinned to "
+              "one core, the background SCHED_IDLE; on CUDA two streams with priorities (untested). A few seconds; "
+              "without --strategy only this is measured.")  # fmt: skip
 @click.option("--dry-run", is_flag=True, help="Only report the events the strategies contain and need.")
 @click.pass_context
 def profile(ctx: click.Context, **kw: Any) -> None:
@@ -128,7 +132,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
                                        parse_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes"),
                                        [x.strip() for x in kw["schedules"].split(",") if x.strip()])  # fmt: skip
         strategies += [with_scale_options(s, overrides) for s in grid]
-    if not strategies:
+    if not strategies and not kw["collocation"]:
         raise DistsimError("give the strategies to profile: --strategy (repeatable) or --grid-gpus with --global-batch")
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
@@ -140,8 +144,9 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     existing = None
     if not kw["dry_run"] and os.path.exists(out) and not kw["overwrite"]:
         existing = load_profile(out)  # a malformed one is refused before anything is measured
-    found = discover(model, cluster, strategies, AnalyticCosts(cluster))
-    click.echo(found.report(), err=True)
+    found = discover(model, cluster, strategies, AnalyticCosts(cluster)) if strategies else None
+    if found is not None:
+        click.echo(found.report(), err=True)
     if kw["dry_run"]:
         return
     if existing is not None:
@@ -157,9 +162,10 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         nodes=cluster.nodes,
         strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
         repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=max_comm_bytes,
-        max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"], compute=not kw["no_compute"],
-        comm=not kw["no_comm"], self_check=not kw["no_self_check"], emulation=emulation.to_dict() if emulation else {},
-        command=invoked_command(),
+        max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"],
+        compute=not kw["no_compute"] and bool(strategies), comm=not kw["no_comm"] and bool(strategies),
+        self_check=not kw["no_self_check"], emulation=emulation.to_dict() if emulation else {},
+        collocation=kw["collocation"], command=invoked_command(),
     )  # fmt: skip
     from distsim.profiler import worker
 
@@ -173,7 +179,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
 
         launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")
     db = load_profile(out)
-    click.echo(_profile_cost_report(found, db), err=True)
+    if found is not None:
+        click.echo(_profile_cost_report(found, db), err=True)
 
 
 def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> None:
@@ -263,6 +270,13 @@ def profile_show(path: str, as_json: bool) -> None:
             click.echo(f"  note on {collective}: {note}")
     for f in db.compute_fits:
         click.echo(f"optimizer fit {f.family}: {f.alpha_s * 1e3:.3f} ms + {f.beta_s_per_unit * 1e9:.3f} ns/param")
+    if db.collocation is not None:
+        c = db.collocation
+        ran = "" if c.background_busy is None else f"; the background ran {c.background_busy:.0%} of the time"
+        click.echo(f"collocation: a background job slows the foreground's compute by {c.slowdown:+.1%} (cycle "
+                   f"{c.alone_s * 1e3:.3f} ms alone, {c.collocated_s * 1e3:.3f} ms collocated, kernel "
+                   f"{c.compute_s * 1e3:.3f} ms, {c.cycles} cycles each{ran})")  # fmt: skip
+        click.echo(f"  measured: {c.method}")
     for i in db.interference:
         click.echo(f"overlap interference {i.scope}: compute {i.compute_slowdown:+.0%} while a "
                    f"{i.bytes / 2**20:.0f} MiB all-reduce runs, the all-reduce {i.comm_slowdown:+.0%}")  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
+from distsim.cli.collocation import background_options, check_background, collocate_from_options, format_report
 from distsim.cli.common import (
     GB,
     TRACE_FORMATS,
@@ -171,6 +172,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
     "prefer a *.pftrace trace.",
 )
 @click.option("--show-schedule", is_flag=True, help="Also print the schedule as a step x rank grid.")
+@background_options
 def simulate(**kw: Any) -> None:
     """Simulate one training iteration and summarise it.
 
@@ -189,6 +191,8 @@ def simulate(**kw: Any) -> None:
       nodes: 1
       batch: 32
       counts: 1x3,8x10,1x8    # 3 layers on GPU 0, 10 on GPUs 0-7, 8 on GPU 0
+    With a background job (ResNet-50 at batch 8) in every GPU's idle time (DeepPool's collocation):
+      distsim simulate --plan burst.plan.yaml --background resnet50 --background-batch 8
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
     from distsim.costs import ProfileCosts
@@ -205,6 +209,7 @@ def simulate(**kw: Any) -> None:
     if not kw["model_name"] or not kw["cluster_name"]:
         raise click.UsageError("give --model and --cluster (or a --plan that names them)")
     model, cluster = load_model_and_cluster(kw)
+    background = check_background(kw)
     if kw["straggler"]:
         cluster = cluster.with_slowdown(parse_stragglers(kw["straggler"]))
     from distsim.io import is_model_profile
@@ -241,9 +246,14 @@ def simulate(**kw: Any) -> None:
             err=True,
         )
     _write_outputs(result, kw)
+    collocated = None
+    if background is not None:
+        collocated = collocate_from_options(kw, background, model, cluster, target, costs, options, result)
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
         data = result.to_dict()
+        if collocated is not None:
+            data["collocation"] = collocated.to_dict()
         if provenance is not None:
             data["profile"] = {"path": kw["profile_path"], "provenance": provenance}
         click.echo(json.dumps(data, indent=2))
@@ -255,6 +265,8 @@ def simulate(**kw: Any) -> None:
         also = " (also the model's layer graph)" if kw["profile_path"] == kw["model_name"] else ""
         click.echo(f"profile: {kw['profile_path']}{also} ({what or 'no provenance recorded'})", err=report)
         click.echo(_load_note(provenance), nl=False, err=report)
+    if collocated is not None:
+        click.echo("\n" + format_report(collocated), err=report)
     if kw["show_schedule"]:
         from distsim.schedules import format_grid
 

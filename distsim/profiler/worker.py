@@ -52,6 +52,9 @@ class ProfileConfig(WorkerConfig):
     """Time a short in-situ chain of each distinct stage's blocks against the isolated timings."""
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
+    collocation: bool = False
+    """Measure how a low-priority background job on rank 0's device slows the foreground
+    (:mod:`distsim.profiler.collocation`)."""
     torch_model: str = ""
     """``module:function`` of a user's torch module (``--torch-model``), whose layers rank 0 discovers and times;
     `model` is then unused. Strategies, if any, get the example batch's micro-batch size."""
@@ -218,6 +221,11 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
             found_i = measure_interference(bench, ranks, scope, min(16 * 2**20, cfg.max_comm_bytes))
             if found_i is not None:
                 interference.append(found_i)
+    collocation = None
+    if cfg.collocation and rank == 0:
+        from distsim.profiler.collocation import measure_collocation
+
+        collocation = measure_collocation(device, progress=log)
     if world > 1:
         dist.barrier()  # every rank finished: only now may rank 0 write
     _reference_at_end(load, reading, device, world, log)
@@ -228,10 +236,12 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
                                  len(comm), device_name(device), load)  # fmt: skip
         if skipped:
             provenance["not_profiled"] = skipped
+        if collocation is not None:
+            provenance["runs"][0]["collocation_slowdown"] = collocation.slowdown
         if self_check is not None:
             provenance["self_check"] = provenance["runs"][0]["self_check"] = self_check
         db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference),
-                       model=model_dict).refit()  # fmt: skip
+                       model=model_dict, collocation=collocation).refit()  # fmt: skip
         if existing is not None:
             db = existing.merge(db)
             log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
