@@ -323,3 +323,18 @@ def test_cli_warns_of_layers_over_the_limit(capsys: pytest.CaptureFixture[str]) 
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     assert "warning:" in out and "exceed the amplification limit 2" in out
+
+
+def test_cli_collocates_a_background_job_with_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """--background: the burst plan's idle GPUs host the background job; the foreground is never faster."""
+    args = ["search", "deeppool", "--model", "vgg16", "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "32",
+            "--plan-out", "", "--background", "vgg16", "--background-batch", "4", "--json"]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    col = data["collocation"]
+    assert col["foreground_alone_iteration_s"] == approx(data["simulated_s"]["plan"])
+    assert col["foreground_collocated_iteration_s"] >= col["foreground_alone_iteration_s"]
+    assert col["background_samples_per_s"] > 0 and col["static_splits"]
+    code, _, err = run_cli([*args[:-1], "--no-simulate"], capsys)
+    assert code == 2 and "drop --no-simulate" in err and len(err.strip().splitlines()) == 1

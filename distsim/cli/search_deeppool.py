@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from distsim.cli.collocation import background_options, check_background, collocate_from_options, format_report
 from distsim.cli.common import check_outputs, fmt_time, load_costs
 from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
 
@@ -38,6 +39,7 @@ TOP_AMPLIFIED = 10
 @click.option("--verbose", "-v", is_flag=True, help=f"The amplification of every layer, not the "
               f"{TOP_AMPLIFIED} most amplified.")  # fmt: skip
 @click.option("--quiet", "-q", is_flag=True, help="Only the plan and the comparison, no tables.")
+@background_options
 def deeppool(**kw: Any) -> None:
     """DeepPool's planner: each layer data-parallel over its own number of GPUs (burst parallelism).
 
@@ -56,12 +58,19 @@ def deeppool(**kw: Any) -> None:
     Inception-v3 on 1024 GPUs (128 nodes), global batch 1024, a looser limit:
       distsim search deeppool --model inception-v3 --cluster dgx-a100 --nodes 128 --global-batch 1024 \\
           --amp-limit 4
+    The plan with a background VGG-16 job at batch 4 in every GPU's idle time (DeepPool's collocation), against
+    plain data parallelism and static partitions of the GPUs:
+      distsim search deeppool --model vgg16 --cluster dgx-a100 --nodes 1 --global-batch 32 \\
+          --background vgg16 --background-batch 4
     """
     from distsim.io import write_plan
     from distsim.search.deeppool import plan_deeppool
     from distsim.search.space import cluster_for
 
     stdout_taken = check_outputs(kw, {"plan_out": "--plan-out"})
+    background = check_background(kw)
+    if background is not None and not kw["simulate"]:
+        raise click.UsageError("--background collocates with the simulated plan; drop --no-simulate")
     model, cluster, gpus = model_and_gpus(kw)
     cluster = cluster_for(cluster, gpus)
     costs = load_costs(cluster, kw["profile_path"], kw["strict"])
@@ -76,13 +85,24 @@ def deeppool(**kw: Any) -> None:
         if "best" in simulated:
             note["predicted_iteration_s"] = round(simulated["best"], 9)
         written.append(str(write_plan(kw["plan_out"], result.plan("best", **place, **note))))
+    collocated = None
+    if background is not None:
+        from distsim.flow.events import FlowOptions
+
+        collocated = collocate_from_options(kw, background, model, cluster, result.plan("best", **place), costs,
+                                            FlowOptions(), None)  # fmt: skip
     if kw["as_json"]:
         data = result.to_dict()
         data["simulated_s"] = {"plan": simulated.get("best"), "data_parallel": simulated.get("dp")}
+        if collocated is not None:
+            data["collocation"] = collocated.to_dict()
         data["placement"], data["grad_sync"], data["written"] = kw["placement"], kw["grad_sync"], written
         click.echo(json.dumps(data, indent=2))
         return
-    lines = [report(result, simulated, verbose=kw["verbose"], quiet=kw["quiet"]), *(f"wrote {p}" for p in written)]
+    lines = [report(result, simulated, verbose=kw["verbose"], quiet=kw["quiet"])]
+    if collocated is not None:
+        lines += ["", format_report(collocated)]
+    lines += [f"wrote {p}" for p in written]
     if written and kw["plan_out"] != "-":
         lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot deeppool.png")
     click.echo("\n".join(lines), err=bool(stdout_taken))
