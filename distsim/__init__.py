@@ -15,11 +15,12 @@ The simulator core (models, cluster, strategy, schedules, events, engine, timeli
 from __future__ import annotations
 
 from distsim.cluster import Cluster, get_cluster
+from distsim.collocate import CollocationReport, collocation_report
 from distsim.costs import AnalyticCosts, ProfileCosts
 from distsim.errors import DistsimError
 from distsim.flow.events import FlowOptions
 from distsim.models import Model, get_model
-from distsim.plan import Plan, StagePlan
+from distsim.plan import Plan, StagePlan, burst_plan
 from distsim.schedules import Schedule, build_schedule, format_grid
 from distsim.simulate import SimResult, simulate
 from distsim.strategy import Strategy
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AnalyticCosts",
     "Cluster",
+    "CollocationReport",
     "DistsimError",
     "FlowOptions",
     "Model",
@@ -41,6 +43,8 @@ __all__ = [
     "Strategy",
     "Timeline",
     "build_schedule",
+    "burst_plan",
+    "collocation_report",
     "format_grid",
     "get_cluster",
     "get_model",

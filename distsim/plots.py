@@ -21,6 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from distsim.errors import DistsimError
 from distsim.timeline import Timeline, _ranges
 
 KIND_COLORS = {
@@ -204,6 +205,34 @@ def speedup_curves(table: pd.DataFrame, modes: Sequence[str], ax: Axes | None = 
     ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
     ax.set_xlabel("workers N (GPUs, data parallel)")
     ax.set_ylabel("speedup S(N) = N t_1 / t_iter(N)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if title:
+        ax.set_title(title, fontsize="medium")
+    return ax
+
+
+def scaling_curves(table: pd.DataFrame, columns: Sequence[str], ylabel: str, ax: Axes | None = None,
+                   title: str | None = None, x: str = "gpus") -> Axes:  # fmt: skip
+    """One curve per column of `table` against its `x` column (GPUs, log2 axis): a strong-scaling figure, e.g. the
+    iteration time of a burst plan and of plain data parallelism as the GPUs grow at a fixed global batch, or the
+    cluster's throughput with and without a collocated background job. Missing values (NaN) leave gaps."""
+    if table.empty:
+        raise DistsimError("scaling_curves: the table has no rows to plot")
+    missing = [c for c in (x, *columns) if c not in table.columns]
+    if missing:
+        raise DistsimError(f"scaling_curves: the table has no column {missing[0]!r}")
+    if ax is None:
+        fig = NotebookFigure(figsize=(6.4, 4.2))
+        ax = fig.add_subplot()
+    xs = table[x].to_numpy()
+    for column in columns:
+        ax.plot(xs, table[column].to_numpy(), marker="o", linewidth=2, alpha=0.85, label=column)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(v) for v in xs])
+    ax.set_xlabel("GPUs" if x == "gpus" else x)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     if title:

@@ -32,7 +32,7 @@ from distsim.collocate import (
     usable,
 )
 from distsim.costs import DEEPPOOL_COLLOCATION_SLOWDOWN, AnalyticCosts, ProfileCosts
-from distsim.errors import ProfileError
+from distsim.errors import DistsimError, ProfileError
 from distsim.io import write_plan
 from distsim.models import get_model
 from distsim.plan import burst_plan
@@ -325,3 +325,16 @@ def test_stragglers_keep_their_own_factor() -> None:
     assert r.collocated.cluster.speed_factor(1) == 2.0  # the straggler's factor times 1 + 0
     assert r.collocated_iteration_s == r.alone_iteration_s == pytest.approx(21.8)  # as f = 1 above
     assert replace(r, splits=()).plain_dp is None
+
+
+def test_scaling_curves_refuses_an_empty_table_or_a_missing_column() -> None:
+    import pandas as pd
+
+    from distsim.plots import scaling_curves
+
+    table = pd.DataFrame({"gpus": [1, 2, 4], "burst": [3.0, 2.0, 1.5]})
+    assert len(scaling_curves(table, ["burst"], "ms").lines) == 1
+    with pytest.raises(DistsimError, match="no rows"):
+        scaling_curves(table.iloc[0:0], ["burst"], "ms")
+    with pytest.raises(DistsimError, match="no column 'dp'"):
+        scaling_curves(table, ["burst", "dp"], "ms")

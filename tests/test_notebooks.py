@@ -23,7 +23,7 @@ import distsim
 import distsim.plots
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["quickstart", "search"]
+NAMES = ["quickstart", "search", "deeppool"]
 PUBLIC_MODULES = ("distsim", "distsim.plots", "distsim.search", "distsim.io")
 PLOT_FUNCTIONS = {
     name
