@@ -264,15 +264,16 @@ def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, rank: int, world: 
     """Before- and after-step hooks for iteration 0 that write the loss, the full gradients and the updated
     parameters (rank 0), for correctness tests.
 
-    The gradients are replica 0's gradient buffer after synchronisation. Under ZeRO-1 only a rank's shard of each
-    bucket is its sum in general; on gloo the whole buffer is (its reduce-scatter is an all-reduce,
-    :mod:`distsim.executor.zero`). The parameters after the step check the sharded step and the all-gathers."""
+    The gradients are replica 0's after synchronisation; under ZeRO-1, where each rank holds only its shard of the
+    sum, assembled from every rank's shards (:meth:`distsim.executor.zero.Zero1.reduced_grads`). The parameters after
+    the step check ZeRO-1's sharded step and all-gathers."""
     import torch
 
     captured: dict[str, Any] = {}
 
     def before() -> None:
-        captured["grads"] = _full_tensors(runtime, world, lambda p: p.grad)
+        reduced = runtime.zero.reduced_grads() if runtime.zero is not None else None
+        captured["grads"] = _full_tensors(runtime, world, lambda p: p.grad if reduced is None else reduced[id(p)])
         ls = runtime.losses[: strategy.num_micro_batches] if runtime.losses else []
         gathered: list[Any] = [ls]
         if world > 1:

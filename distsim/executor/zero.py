@@ -8,11 +8,12 @@ buffer); the sharding pass changes what each becomes:
   them, so every collective runs in place, as in Megatron-LM's ``_ParamAndGradBuffer``. Group rank i owns the i-th of
   the d equal shards of every bucket.
 * **Gradients.** Each bucket is reduce-scattered over the group instead of all-reduced, when the simulator issues it
-  (:meth:`Zero1.reduce_scatter`): afterwards the rank's shard of the bucket holds the sum over the replicas.
-  gloo has no native reduce-scatter (:data:`distsim.profiler.comm.GLOO_NOTES`): torch 2.13 runs an all-reduce of a
-  copy of the input and keeps the rank's chunk, returning a work without a future, so that the host clock could not
-  time an overlapped one. On gloo the bucket is therefore all-reduced in place here, the same collective without the
-  copy (every shard is then summed, the rank reads only its own); elsewhere (NCCL) it is a reduce-scatter in place.
+  (:meth:`Zero1.reduce_scatter`): afterwards the rank's shard of the bucket holds the sum over the replicas (the rest
+  of the bucket keeps the rank's own gradients). With NCCL it is a reduce-scatter in place. gloo has no native
+  reduce-scatter (:data:`distsim.profiler.comm.GLOO_NOTES`): torch 2.13's ``ProcessGroupGloo`` copies the input,
+  all-reduces the copy and, when waited for, copies the rank's chunk out, in a work without a future, which the host
+  clock could not time when it overlaps backward. On gloo the executor runs those same three steps itself, with the
+  copy-out chained to the all-reduce's future: the collective the profiler measured as gloo's reduce-scatter.
 * **Step.** Adam steps one contiguous fp32 buffer of the rank's shards of every bucket (master weights), with its
   own state: 1/d of the rank's parameters.
 * **Parameters.** Each bucket's parameters are then all-gathered from the shards into the parameter buffer, one
@@ -90,6 +91,7 @@ class Zero1:
         new_spans, parts, total = padded_layout(spans, [(b.part, b.bucket.tensors) for b in buckets], self.size)
         self.param_buffer = torch.zeros(total, dtype=dtype, device=device)
         self.grad_buffer = torch.zeros(total, dtype=dtype, device=device)
+        self._spans: list[tuple[nn.Parameter, Span]] = []
         with torch.no_grad():
             for li, params in layer_params.items():
                 for k, p in enumerate(params):
@@ -97,6 +99,7 @@ class Zero1:
                     self.param_buffer[a:b].copy_(p.detach().reshape(-1))
                     p.data = self.param_buffer[a:b].view_as(p)
                     p.grad = self.grad_buffer[a:b].view_as(p)
+                    self._spans.append((p, (a, b)))
         self.buckets = [replace(b, part=part) for b, part in zip(buckets, parts, strict=True)]
         self._shards: dict[str, _Shard] = {}
         at = 0
@@ -115,12 +118,21 @@ class Zero1:
         return self.master.numel()
 
     def reduce_scatter(self, name: str, async_op: bool) -> Any:
-        """The gradient collective of bucket `name`: afterwards its shard of the gradient buffer holds the sum."""
+        """The gradient collective of bucket `name`: afterwards its shard of the gradient buffer holds the sum. Returns
+        the work when `async_op`."""
         s = self._shards[name]
-        if self.gloo:  # an all-reduce in place: what gloo's reduce-scatter runs, without its copy (see the module)
-            return dist.all_reduce(self.grad_buffer[s.part], group=self.group, async_op=async_op)
-        return reduce_scatter_single()(self.grad_buffer[s.own], self.grad_buffer[s.part], group=self.group,
-                                       async_op=async_op)  # fmt: skip
+        if not self.gloo:
+            return reduce_scatter_single()(self.grad_buffer[s.own], self.grad_buffer[s.part], group=self.group,
+                                           async_op=async_op)  # fmt: skip
+        # torch's gloo reduce-scatter, step by step (see the module): copy, all-reduce the copy, copy the chunk out
+        copy = self.grad_buffer[s.part].clone()
+        chunk = copy[s.own.start - s.part.start : s.own.stop - s.part.start]
+        done = dist.all_reduce(copy, group=self.group, async_op=True).get_future()
+        work = _FutureWork(done.then(lambda _f: self.grad_buffer[s.own].copy_(chunk)))
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     @torch.no_grad()
     def step(self) -> None:
@@ -131,8 +143,32 @@ class Zero1:
         self.opt.step()
 
     @torch.no_grad()
+    def reduced_grads(self) -> dict[int, Tensor]:
+        """id(parameter) -> its gradient summed over the group, assembled from every rank's reduced shards (a copy;
+        for correctness checks). Every rank of the group must call it."""
+        full = torch.empty_like(self.grad_buffer)
+        for s in self._shards.values():
+            all_gather_single()(full[s.part], self.grad_buffer[s.own].clone(), group=self.group)
+        return {id(p): full[a:b].view_as(p) for p, (a, b) in self._spans}
+
+    @torch.no_grad()
     def gather(self, name: str) -> None:
         """All-gather bucket `name`'s parameters from every rank's updated shard."""
         s = self._shards[name]
         shard: Tensor = self.master.detach()[s.master].to(self.dtype)  # a view of the master buffer when fp32
         all_gather_single()(self.param_buffer[s.part], shard, group=self.group)
+
+
+class _FutureWork:
+    """A work whose completion is a future (what :meth:`Zero1.reduce_scatter` returns on gloo): ``wait`` and
+    ``get_future`` as a ``torch.distributed`` work has them, for the rank's clock."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def wait(self) -> bool:
+        self.future.wait()
+        return True
+
+    def get_future(self) -> Any:
+        return self.future
