@@ -143,6 +143,31 @@ def test_a_recomputed_layers_forward_keeps_nothing_for_backward() -> None:
     assert saved("none") > saved("full", 1) > saved("full") > 0
 
 
+def test_a_plan_files_recomputation_reaches_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`distsim execute --plan` (one rank, in this process) runs the plan's recompute fields: the trace's plan keeps
+    them and only the first transformer layer is recomputed."""
+    from tests.util import run_cli
+
+    plan, out = tmp_path / "p.plan.yaml", tmp_path / "t.json"
+    plan.write_text(
+        f'model: "{TINY}"\ncluster: cpu-2x1\nnodes: 1\n'
+        'strategy: "tp=1 pp=1 dp=1 mbs=2 mb=2 schedule=gpipe recompute=full recompute_layers=1"\n'
+    )
+    threads = torch.get_num_threads()
+    try:
+        code, _, err = run_cli(["execute", "--plan", str(plan), "--iterations", "1", "--warmup", "0", "--out",
+                                str(out)], capsys)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)  # the rank takes this process's cores
+    assert code == 0, err
+    trace = json.loads(out.read_text())
+    ran = Strategy.from_str(trace["plan"]["strategy"])
+    assert (ran.recompute, ran.recompute_layers) == ("full", 1)
+    cols = trace["iterations"][0]["columns"]
+    recomputed = {n for k, n in zip(cols["kind"], cols["name"], strict=True) if k == "recompute"}
+    assert recomputed == {"layer0.attention", "layer0.mlp"}
+
+
 # ---------------------------------------------------------------------------------------- two gloo processes
 def distsim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "distsim", *args], capture_output=True, text=True, timeout=900,
