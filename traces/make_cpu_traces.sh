@@ -10,7 +10,8 @@
 #      per-layer overlapped (WFBP) gradient sync, and for gpt2-cpu and bert-cpu with DDP's buckets and MG-WFBP's
 #      merged layers; 2M. The executor uses the partition (and the MG-WFBP merge plan) the simulator would with
 #      that profile, and records the profile in the trace.
-# traces/make_sync_traces.sh records only the DDP and MG-WFBP traces, with the profiles this script made.
+# traces/make_sync_traces.sh records only the DDP and MG-WFBP traces, with the profiles this script made;
+# traces/make_scale_traces.sh (which this script runs) the recomputation and ZeRO-1 ones, with their own profile.
 # Then `distsim validate --suite traces` predicts every trace with its own profile and prints the error table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,8 @@ for model in gpt2-cpu bert-cpu t5-cpu; do
     run "2M1P1D-M4" --strategy 2M1P1D --micro-batches 4
   done
 done
+# Issue 12 (gpt2-cpu, one node): full recomputation and ZeRO-1, with a profile of their own.
+bash traces/make_scale_traces.sh
 # Repeatability: the same plan five more times with the same profile, to measure this machine's own noise floor.
 mkdir -p traces/repeat
 for i in 1 2 3 4 5; do

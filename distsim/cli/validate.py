@@ -176,8 +176,10 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"
         if emulation.get("link_bandwidth"):
             layout += f" {emulation['link_bandwidth']}"
+        scale = [x for x in s.describe().split() if x.split("=")[0] in ("recompute", "recompute_layers", "sp", "zero")]
         rows.append({
-            "model": trace.plan["model"], "strategy": str(s), "schedule": s.schedule if s.pp > 1 else "-",
+            "model": trace.plan["model"], "strategy": " ".join([str(s), *scale]),
+            "schedule": s.schedule if s.pp > 1 else "-",
             "M": s.num_micro_batches, "sync": s.grad_sync if s.dp > 1 else "-", "nodes": layout,
             "predicted_ms": round(val.predicted_s * 1e3, 1), "measured_ms": round(val.measured_s * 1e3, 1),
             "batch_err_%": round(100 * val.signed_batch_error, 2),
