@@ -1,11 +1,12 @@
 """Simulated against measured: DistSim's three accuracy metrics (Sec. 5.2-5.4).
 
 * **Batch-time error**: |predicted - measured| / measured iteration time (the median of the measured iterations).
-* **Per-GPU activity error**: for every compute event of a GPU (a block's forward or backward on one micro-batch,
-  including the tensor-parallel all-reduce inside it, so that simulated and measured events cover the same work),
-  the mean of |start error| and |end error|, averaged over the GPU's events, relative to the measured iteration time.
+* **Per-GPU activity error**: for every compute event of a GPU (a block's forward, recomputed forward or backward on
+  one micro-batch, including the tensor-parallel all-reduce inside it, so that simulated and measured events cover
+  the same work), the mean of |start error| and |end error|, averaged over the GPU's events, relative to the measured
+  iteration time.
 * **Per-stage error**: for every (stage, forward/backward, micro-batch) action, the error of its start and of its end,
-  relative to the iteration time.
+  relative to the iteration time (a backward action's recomputed forwards are an action of their own).
 
 Errors against several measured iterations are computed per iteration and summarised by their median.
 """
@@ -20,12 +21,13 @@ import pandas as pd
 
 from distsim.timeline import Timeline
 
-COMPUTE = ("forward", "backward")
+COMPUTE = ("forward", "recompute", "backward")
 KEY = ["gpu", "kind", "name", "layer", "stage", "microbatch"]
 
 
 def block_spans(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (gpu, forward/backward, block, micro-batch): from its first compute to the end of its tp collective.
+    """One row per (gpu, forward/recompute/backward, block, micro-batch): from its first compute to the end of its tp
+    collective.
 
     A block's rows are its compute row(s) and the tensor-parallel all-reduce rows of the same block and micro-batch
     that follow them on that GPU, until another block starts.

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 from distsim import Strategy, get_cluster  # noqa: E402
 from distsim.executor.clock import Clock, HostClock, Mark, clock_for, host_times  # noqa: E402
-from distsim.executor.runtime import Recorder, Runtime, split_block  # noqa: E402
+from distsim.executor.recorder import Recorder, split_block  # noqa: E402
+from distsim.executor.runtime import Runtime  # noqa: E402
 from distsim.executor.worker import _assemble  # noqa: E402
 from distsim.models import get_model  # noqa: E402
 from distsim.partition import ranges  # noqa: E402

@@ -16,6 +16,7 @@ from distsim.cli.common import (
     load_plan_for,
     need_torch,
     portable,
+    scale_options,
     strategy_overrides,
 )
 from distsim.errors import DistsimError
@@ -37,6 +38,7 @@ from distsim.output import check_output
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
 @click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
 @grad_sync_options()
+@scale_options
 @click.option("--partition", metavar="N:N:...", help="Layers per stage. [default: the simulator's balanced partition]")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Balance the partition with these measured costs (as simulate --profile would).")  # fmt: skip
@@ -66,6 +68,7 @@ def execute(**kw: Any) -> None:
           --out traces/gpt2.json
     On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
     """
+    from distsim.executor.support import refuse_unsupported
     from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
     from distsim.flow.events import resolve_partition
     from distsim.launch import Emulation
@@ -99,6 +102,7 @@ def execute(**kw: Any) -> None:
     ranges = resolve_partition(model, strategy, costs)
     if strategy.partition is None:
         strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
+    refuse_unsupported(model, strategy, ranges)  # recompute none|full, optimizer sharding none|zero1
     strategy = _with_merge_plan(model, cluster, strategy, costs)
     _refuse_out_of_memory(model, cluster, strategy, ranges, kw["force"])
     need_torch("execute")

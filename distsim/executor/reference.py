@@ -22,7 +22,8 @@ from distsim.strategy import Strategy
 
 
 def reference_step(model: Model, cluster: Cluster, strategy: Strategy, seed: int = 0) -> dict[str, Any]:
-    """Loss and full gradients of iteration 0 of `strategy`'s global batch, computed by one process."""
+    """Loss and full gradients of iteration 0 of `strategy`'s global batch, and the parameters after its Adam step,
+    computed by one process (without recomputation or a sharded optimizer: what they must reproduce)."""
     single = Strategy(micro_batch_size=strategy.micro_batch_size,
                       num_micro_batches=strategy.dp * strategy.num_micro_batches,
                       partition=(model.num_layers,))  # fmt: skip
@@ -42,5 +43,12 @@ def reference_step(model: Model, cluster: Cluster, strategy: Strategy, seed: int
         captured["loss"] = sum(runtime.losses) / len(runtime.losses)
         captured["losses"] = list(runtime.losses)
 
-    runtime.run_iteration(0, lambda: None, before_step=capture)
+    def capture_params() -> None:
+        captured["params"] = {
+            f"L{li}.B{bi}.{name}": p.detach().clone()
+            for (li, bi), module in runtime.modules.items()
+            for name, p in module.named_parameters()
+        }
+
+    runtime.run_iteration(0, lambda: None, before_step=capture, after_step=capture_params)
     return captured

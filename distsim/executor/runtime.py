@@ -7,16 +7,18 @@ produced it runs backward. This mirrors the simulator's event flow:
 
 * forward action: receive the activations crossing the cut from the previous stage (``recv``), run the stage's blocks
   in order, send the activations crossing the next cut (``isend``, or ``send`` with ``p2p_blocking``);
-* backward action: receive the gradients of what was sent, run the blocks in reverse, send the gradients of what was
-  received; in the last micro-batch, a gradient bucket that the layer just done completes is all-reduced
-  (asynchronously, overlapped with the rest of backward);
+* backward action: receive the gradients of what was sent, run the blocks in reverse (a recomputed layer's forward
+  again first: :mod:`distsim.executor.recompute`), send the gradients of what was received; in the last
+  micro-batch, a gradient bucket that the layer just done completes is all-reduced (asynchronously, overlapped with
+  the rest of backward);
 * after the last action: the buckets that wait for the whole backward (bulk's one), the all-reduce of tied embedding
-  copies between the first and last stage, and the optimizer step.
+  copies between the first and last stage, and the optimizer step (with ZeRO-1 the parameter all-gathers after it).
 
 The buckets are the simulator's: the rank describes its gradients to :mod:`distsim.flow.sync` (bytes of each parameter
-tensor per layer, from its own parameters) and lowers the strategy's ``grad_sync`` with it, so a trace's data-parallel
-rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_names`). Each bucket is one slice of the
-rank's contiguous gradient buffer.
+tensor per layer, from its own parameters) and lowers the strategy's ``grad_sync`` and ``optimizer_sharding`` with
+it, so a trace's data-parallel rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_names`).
+Each bucket is one slice of the rank's contiguous gradient buffer; under ZeRO-1 it is reduce-scattered instead
+(:mod:`distsim.executor.zero`). What the executor refuses to run is decided by :mod:`distsim.executor.support`.
 
 Times come from the rank's clock (:mod:`distsim.executor.clock`): ``time.perf_counter`` (CLOCK_MONOTONIC, shared by
 the processes of one machine) around each call on a CPU; on a GPU, CUDA events on the stream each block and each
@@ -27,9 +29,9 @@ within an iteration: the training data is on the device before it starts and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -39,155 +41,20 @@ from torch import Tensor
 
 from distsim.errors import DistsimError
 from distsim.executor import data
-from distsim.executor.clock import Clock, HostClock, Mark, clock_for
+from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters
-from distsim.flow.comm import bucket_names
-from distsim.flow.sync import MODES, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
+from distsim.executor.recompute import Checkpoint, rank_recomputed
+from distsim.executor.recorder import Meta, Recorder, RecordingComm
+from distsim.executor.support import refuse_unsupported
+from distsim.executor.zero import Zero1
+from distsim.flow.comm import bucket_names, gather_name
+from distsim.flow.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
 from distsim.placement import Placement
-from distsim.profiler.blocks import ProcessGroupComm, ReduceOp, TPComm
+from distsim.profiler.blocks import TPComm
 from distsim.schedules import Schedule
 from distsim.strategy import Strategy
-
-Row = tuple[str, str, str, int, int, int, float, float]
-"""(stream, kind, name, layer, stage, microbatch, start, end) of one event on this rank."""
-Meta = tuple[str, str, str, int, int, int]
-"""(stream, kind, name, layer, stage, microbatch) of an event whose times are still marks."""
-
-
-Piece = tuple[str, str, float, float]
-"""(stream, kind, start, end) of a part of a block."""
-
-
-def split_block(kind: str, start: float, end: float, comms: list[tuple[float, float]]) -> list[Piece]:
-    """(stream, kind, start, end) rows of one block that ran from `start` to `end`: its compute before, between and
-    after the tensor-parallel all-reduces it ran (`comms`, in order), and those all-reduces on the ``tp`` stream."""
-    out: list[Piece] = []
-    cursor = start
-    for c_start, c_end in comms:
-        if c_start > cursor:
-            out.append(("compute", kind, cursor, c_start))
-        out.append(("tp", "tp_allreduce", c_start, c_end))
-        cursor = max(cursor, c_end)
-    if end > cursor or not comms:
-        out.append(("compute", kind, cursor, end))
-    return out
-
-
-@dataclass
-class Recorder:
-    """Collects this rank's events; tp collectives inside a block are split out of the block's compute.
-
-    During an iteration an event's times are marks of the rank's clock (see :mod:`distsim.executor.clock`); the
-    iteration's :meth:`finish` resolves them into ``rows`` (host-clock seconds). Where the clock's device spans differ
-    from the host's (CUDA), the host's span of every call that launches work is a row on the ``host`` stream, kind
-    ``launch``, with the event's name, and the host's wait for the device at the end is a row named ``synchronize``.
-    """
-
-    clock: Clock = field(default_factory=HostClock)
-    iteration: int = 0
-    rows: list[tuple[int, Row]] = field(default_factory=list)
-    p2p_sends: list[tuple[int, tuple[Any, ...], Row]] = field(default_factory=list)
-    p2p_recvs: list[tuple[int, tuple[Any, ...], float]] = field(default_factory=list)
-    iteration_starts: dict[int, float] = field(default_factory=dict)
-    _events: list[tuple[Meta, Mark, Mark, list[tuple[Mark, Mark]] | None]] = field(default_factory=list)
-    _sends: list[tuple[tuple[Any, ...], Meta, Mark, Mark]] = field(default_factory=list)
-    _recvs: list[tuple[tuple[Any, ...], Mark]] = field(default_factory=list)
-    _comm: list[tuple[Mark, Mark]] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What rank 0 gathers: the resolved rows (a clock holds CUDA events and streams)."""
-        return {k: v for k, v in self.__dict__.items() if k in ("iteration", "rows", "p2p_sends", "p2p_recvs",
-                                                                "iteration_starts")}  # fmt: skip
-
-    def begin(self, iteration: int) -> None:
-        self.iteration = iteration
-        self._events, self._sends, self._recvs, self._comm = [], [], [], None
-        self.iteration_starts[iteration] = self.clock.begin()
-
-    def add(self, meta: Meta, start: Mark, end: Mark, host: tuple[float, float] | None = None) -> None:
-        """An event between two marks, and the host's span launching it."""
-        self._events.append((meta, start, end, None))
-        if host is not None:
-            self.launched(meta, *host)
-
-    def launched(self, meta: Meta, start: float, end: float) -> None:
-        """The host's span (perf_counter) of the call that launched an event (a ``host`` row where it differs)."""
-        if self.clock.host_rows:
-            _stream, _kind, name, layer, stage, mb = meta
-            self.rows.append((self.iteration, ("host", "launch", name, layer, stage, mb, start, end)))
-
-    @contextmanager
-    def span(self, stream: str, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
-        """An event on the current stream: whatever the body enqueues there."""
-        host = self.clock.now()
-        start = self.clock.mark()
-        try:
-            yield
-        finally:
-            self.add((stream, kind, name, layer, stage, mb), start, self.clock.mark(), (host, self.clock.now()))
-
-    @contextmanager
-    def block(self, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
-        """A block's forward or backward; the tp all-reduces it runs are split out at :meth:`finish`."""
-        self._comm = []
-        host = self.clock.now()
-        start = self.clock.mark()
-        try:
-            yield
-        finally:
-            end = self.clock.mark()
-            meta: Meta = ("compute", kind, name, layer, stage, mb)
-            self._events.append((meta, start, end, self._comm))
-            self._comm = None
-            self.launched(meta, host, self.clock.now())
-
-    def collective(self, start: Mark, end: Mark) -> None:
-        if self._comm is not None:
-            self._comm.append((start, end))
-
-    def send(self, key: tuple[Any, ...], meta: Meta, start: Mark, end: Mark, host: tuple[float, float]) -> None:
-        """A p2p send; its row ends when the receiver has the data (:func:`distsim.executor.worker._assemble`)."""
-        self._sends.append((key, meta, start, end))
-        self.launched(meta, *host)
-
-    def received(self, key: tuple[Any, ...], mark: Mark) -> None:
-        self._recvs.append((key, mark))
-
-    def finish(self, stage: int) -> float:
-        """End the iteration: wait for the device, resolve every mark; the host time the iteration ends at."""
-        waiting = self.clock.now()
-        end, t = self.clock.finish()
-        it = self.iteration
-        if self.clock.host_rows:
-            self.rows.append((it, ("host", "launch", "synchronize", -1, stage, -1, waiting, end)))
-        for (stream, kind, name, layer, stg, mb), start, stop, comms in self._events:
-            if comms is None:
-                self.rows.append((it, (stream, kind, name, layer, stg, mb, t[start], t[stop])))
-                continue
-            for s, k, a, b in split_block(kind, t[start], t[stop], [(t[x], t[y]) for x, y in comms]):
-                self.rows.append((it, (s, k, name, layer, stg, mb, a, b)))
-        for key, (stream, kind, name, layer, stg, mb), start, stop in self._sends:
-            self.p2p_sends.append((it, key, (stream, kind, name, layer, stg, mb, t[start], t[stop])))
-        self.p2p_recvs += [(it, key, t[mark]) for key, mark in self._recvs]
-        self._events, self._sends, self._recvs = [], [], []
-        return end
-
-
-class RecordingComm(ProcessGroupComm):
-    """Tensor-parallel all-reduces over a process group, timed into the recorder (marks on the current stream,
-    which a synchronous NCCL collective makes wait for it)."""
-
-    def __init__(self, group: Any, recorder: Recorder) -> None:
-        super().__init__(group)
-        self.recorder = recorder
-
-    def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum") -> Tensor:
-        start = self.recorder.clock.mark()
-        out = super().all_reduce(tensor, op)
-        self.recorder.collective(start, self.recorder.clock.mark())
-        return out
 
 
 @dataclass
@@ -217,7 +84,7 @@ class GradBucket:
 class _MicroBatch:
     env: dict[int, Tensor] = field(default_factory=dict)
     received: list[Tensor] = field(default_factory=list)
-    segments: list[_Segment] = field(default_factory=list)
+    segments: list[_Segment | Checkpoint] = field(default_factory=list)
 
 
 class Runtime:
@@ -228,6 +95,7 @@ class Runtime:
         stage_ranges: tuple[tuple[int, int], ...], rank: int, groups: dict[str, Any], dtype: torch.dtype,
         device: torch.device, seed: int = 0, p2p_blocking: bool = False, lr: float = 1e-4,
     ) -> None:  # fmt: skip
+        refuse_unsupported(model, strategy, stage_ranges)
         self.model, self.strategy, self.schedule = model, strategy, schedule
         self.stage_ranges, self.rank, self.device, self.dtype = stage_ranges, rank, device, dtype
         self.seed, self.p2p_blocking = seed, p2p_blocking
@@ -241,7 +109,6 @@ class Runtime:
         self.layers = rank_layers(stage_ranges, self.pp, self.pipe_rank)
         self.modules = build_modules(model, self.layers, self.tp, self.tp_rank, comm, dtype, device, seed)
         self.params = unique_parameters(list(self.modules.values()))
-        self.optimizer = _Adam(self.params, lr)
         self.actions = schedule.ranks[self.pipe_rank]
         self.last_b = {a.stage: a.microbatch for a in self.actions if a.op == "B"}
         self.signature = {k: [t.is_floating_point() for t in m.example_inputs(1)] for k, m in self.modules.items()}
@@ -254,7 +121,17 @@ class Runtime:
         self.pending: list[Any] = []
         self.layer_params = self._layer_params()
         self.grad_buffer, self.spans = self._grad_buffer()
-        self.buckets = self._buckets() if self.dp > 1 else []
+        self.buckets, self.gathers = self._buckets() if self.dp > 1 else ([], [])
+        self.zero: Zero1 | None = None
+        """ZeRO-1's buffers, sharded Adam and collectives (:mod:`distsim.executor.zero`); None: all-reduce, Adam."""
+        if self.buckets and SHARDINGS[strategy.optimizer_sharding].divides_step:
+            self.zero = Zero1(self.layer_params, self.spans, self.buckets, groups["dp"], lr, dtype, device)
+            self.grad_buffer, self.buckets = self.zero.grad_buffer, self.zero.buckets
+            by_name = {b.name: b for b in self.buckets}
+            self.gathers = [by_name[g.name] for g in self.gathers]
+        self.optimizer: _Adam | Zero1 = self.zero or _Adam(self.params, lr)
+        self.recomputed = rank_recomputed(model, strategy, stage_ranges, self.pipe_rank)
+        """This rank's layers whose forward runs again before their backward (:mod:`distsim.executor.recompute`)."""
         self.ready: dict[int, list[GradBucket]] = {}
         """Buckets issued right after a layer's backward in its last micro-batch, by that layer."""
         for b in self.buckets:
@@ -310,8 +187,9 @@ class Runtime:
         return tuple(GradUnit(u.layer, tensor_bytes(self.model.stored_tensors(u.layer, held, self.tp), grad_bytes),
                               0.0, u.chunk) for u in self.grad_units())  # fmt: skip
 
-    def _buckets(self) -> list[GradBucket]:
-        """The strategy's gradient buckets on this rank, lowered from its own parameters, each a buffer slice.
+    def _buckets(self) -> tuple[list[GradBucket], list[GradBucket]]:
+        """The strategy's gradient buckets on this rank, lowered from its own parameters (through its optimizer
+        sharding), each a buffer slice; and those whose parameters are all-gathered after the step, in that order.
 
         A planned mode (mgwfbp) needs its merge plan in the strategy (``grad_groups``): the ranks cannot plan from
         costs here, and the plan must be the one the trace records for validation (``distsim execute`` resolves it).
@@ -321,16 +199,17 @@ class Runtime:
             raise DistsimError(f"grad_sync {s.grad_sync} needs its merge plan (grad_groups) to execute; distsim "
                                "execute plans it with distsim.flow.uniform.merge_groups")  # fmt: skip
         settings = SyncSettings.of(s.bucket_cap_mb, s.grad_groups)
-        lowered = lower(s.grad_sync, SyncContext(self.grad_units(), lambda _n: 0.0, None, settings))
-        out = []
+        lowered = lower(s.grad_sync, SyncContext(self.grad_units(), lambda _n: 0.0, None, settings),
+                        s.optimizer_sharding)  # fmt: skip
+        out = {}
         size = self.grad_buffer.element_size()
         names = bucket_names(self.model, lowered.buckets, self.pipe_rank)
         for bucket in lowered.buckets:
             spans = sorted(self.spans[t] for t in bucket.tensors)
             if any(a[1] != b[0] for a, b in pairwise(spans)) or (spans[-1][1] - spans[0][0]) * size != bucket.nbytes:
                 raise AssertionError(f"gradient bucket {bucket} is not one slice of the gradient buffer")
-            out.append(GradBucket(bucket, slice(spans[0][0], spans[-1][1]), names[bucket]))
-        return out
+            out[bucket] = GradBucket(bucket, slice(spans[0][0], spans[-1][1]), names[bucket])
+        return list(out.values()), [out[b] for b in lowered.gathers]
 
     def _sources(self, li: int) -> tuple[str, ...]:
         layer = self.model.layers[li]
@@ -436,37 +315,50 @@ class Runtime:
                 st.env[li] = leaf
                 st.received.append(leaf)
         for li in range(start, end):
-            layer = self.model.layers[li]
-            sources = self._sources(li)
-            acts = [st.env[self.model.index[s]] for s in sources]
-            x: Tensor | None = None
-            for bi, block in enumerate(layer.blocks):
-                module = self.modules[(li, bi)]
-                floats = self.signature[(li, bi)]
-                reads_data = not sources and bi == 0  # a source layer's first block reads the batch itself
-                feed = self.data.pop((li, bi, mb)) if (li, bi) in self.data_blocks else []
-                if reads_data:
-                    args = feed
-                else:  # activations from the layer's inputs (or the previous block), ids/targets from the data
-                    acts_iter = iter(acts if bi == 0 else [x, *acts[1:]])
-                    data_iter = iter(feed)
-                    args = [next(acts_iter) if is_float else next(data_iter) for is_float in floats]
-                name = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
-                with self.recorder.block("forward", name, li, vs, mb):
-                    out = module(*args)
-                if block.op == "lm_head":
-                    st.segments.append(_Segment(li, bi, name, out, None))
-                    self.loss_values.append(out.detach())  # read after the iteration: no host wait here
-                    x = None
-                else:
-                    leaf = out.detach().requires_grad_()
-                    st.segments.append(_Segment(li, bi, name, out, leaf))
-                    x = leaf
+            acts = [st.env[self.model.index[s]] for s in self._sources(li)]
+            feeds = {bi: self.data.pop((li, bi, mb)) for bi in range(len(self.model.layers[li].blocks))
+                     if (li, bi) in self.data_blocks}  # fmt: skip
+            if li in self.recomputed:  # only the layer's inputs are kept; its forward runs again in backward
+                with torch.no_grad():
+                    x = self._layer(li, vs, mb, acts, feeds, "forward")[1]
+                st.segments.append(Checkpoint(li, acts, feeds, x))
+            else:
+                segments, x = self._layer(li, vs, mb, acts, feeds, "forward")
+                st.segments += segments
             if x is not None:
                 st.env[li] = x
         if vs < self.strategy.num_stages - 1:
             outgoing = self.live[end - 1]
             self._send([st.env[li] for li in outgoing], vs + 1, "F", vs, mb, iteration)
+
+    def _layer(self, li: int, vs: int, mb: int, acts: list[Tensor], feeds: dict[int, list[Tensor]],
+               kind: str) -> tuple[list[_Segment], Tensor | None]:  # fmt: skip
+        """Run layer li's blocks on its input activations and data (`kind`: ``forward``, or ``recompute`` in the
+        backward action); returns a segment per block and what consumers of the layer's output hold (None: the
+        layer ends in the loss, which a forward records)."""
+        layer = self.model.layers[li]
+        segments: list[_Segment] = []
+        x: Tensor | None = None
+        for bi, block in enumerate(layer.blocks):
+            feed = feeds.get(bi, [])
+            if not self._sources(li) and bi == 0:  # a source layer's first block reads the batch itself
+                args = feed
+            else:  # activations from the layer's inputs (or the previous block), ids/targets from the data
+                acts_iter = iter(acts if bi == 0 else [x, *acts[1:]])
+                data_iter = iter(feed)
+                args = [next(acts_iter) if is_float else next(data_iter) for is_float in self.signature[(li, bi)]]
+            name = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
+            with self.recorder.block(kind, name, li, vs, mb):
+                out = self.modules[(li, bi)](*args)
+            if block.op == "lm_head":
+                segments.append(_Segment(li, bi, name, out, None))
+                if kind == "forward":
+                    self.loss_values.append(out.detach())  # read after the iteration: no host wait here
+                x = None
+            else:
+                x = out.detach().requires_grad_()
+                segments.append(_Segment(li, bi, name, out, x))
+        return segments, x
 
     def backward(self, vs: int, mb: int, iteration: int, state: dict[tuple[int, int], _MicroBatch]) -> None:
         end = self.stage_ranges[vs][1]
@@ -479,36 +371,47 @@ class Runtime:
                 leaf.grad = g if leaf.grad is None else leaf.grad + g
         scale = 1.0 / (self.strategy.num_micro_batches * self.dp)  # a sum over replicas then gives the mean
         final = self.last_b.get(vs) == mb
-        for k in range(len(st.segments) - 1, -1, -1):
-            seg = st.segments[k]
-            with self.recorder.block("backward", seg.name, seg.li, vs, mb):
-                if seg.leaf is None:
-                    torch.autograd.backward(seg.out * scale)
-                elif seg.leaf.grad is not None:
-                    torch.autograd.backward(seg.out, seg.leaf.grad)
-            if final and seg.bi == 0:  # the layer's backward is done: issue the buckets it completes
-                for bucket in self.ready.get(seg.li, ()):
-                    self._issue(bucket, vs)
+        for item in reversed(st.segments):
+            if isinstance(item, Checkpoint):  # the layer's forward again, its output gradient to the kept leaf
+                segments = self._layer(item.li, vs, mb, item.inputs, item.feeds, "recompute")[0]
+                segments[-1] = replace(segments[-1], leaf=item.output)
+            else:
+                segments = [item]
+            for seg in reversed(segments):
+                with self.recorder.block("backward", seg.name, seg.li, vs, mb):
+                    if seg.leaf is None:
+                        torch.autograd.backward(seg.out * scale)
+                    elif seg.leaf.grad is not None:
+                        torch.autograd.backward(seg.out, seg.leaf.grad)
+                if final and seg.bi == 0:  # the layer's backward is done: issue the buckets it completes
+                    for bucket in self.ready.get(seg.li, ()):
+                        self._issue(bucket, vs)
         if vs > 0:
             grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in st.received]
             self._send(grads, vs - 1, "B", vs, mb, iteration)
 
     # ------------------------------------------------------------------------------------------ gradient sync
+    def _sync(self, bucket: GradBucket, async_op: bool) -> Any:
+        """A bucket's gradient collective: an all-reduce, or ZeRO-1's reduce-scatter (:mod:`distsim.executor.zero`)."""
+        if self.zero is not None:
+            return self.zero.reduce_scatter(bucket.name, async_op)
+        return dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"], async_op=async_op)
+
     def _issue(self, bucket: GradBucket, vs: int) -> None:
-        """All-reduce a bucket asynchronously during backward (stage vs), as DDP and WFBP do."""
+        """Synchronise a bucket asynchronously during backward (stage vs), as DDP and WFBP do."""
         assert bucket.bucket.ready is not None
         meta: Meta = ("dp", "dp_allreduce", bucket.name, bucket.bucket.ready, vs, -1)
         host = self.clock.now()
         with self.clock.side("dp"):  # overlapped with the rest of backward (see clock.py)
             start = self.clock.mark()
-            work = dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"], async_op=True)
+            work = self._sync(bucket, async_op=True)
             end = self.clock.completion(work)
         self.recorder.launched(meta, host, self.clock.now())
         self._syncs.append((work, meta, start, end))
 
     def _finish_grads(self) -> None:
-        """Wait for the buckets issued during backward, then all-reduce those that wait for the whole backward and
-        the tied embedding copies (Megatron-LM's ``finalize_model_grads`` order)."""
+        """Wait for the buckets issued during backward, then synchronise those that wait for the whole backward and
+        all-reduce the tied embedding copies (Megatron-LM's ``finalize_model_grads`` order)."""
         for work, meta, start, end in self._syncs:
             self.clock.wait(work, end)
             self.recorder.add(meta, start, end)
@@ -516,7 +419,7 @@ class Runtime:
         for bucket in self.buckets:
             if bucket.bucket.ready is None:
                 with self.recorder.span("dp", "dp_allreduce", bucket.name, -1, self.pipe_rank, -1):
-                    dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"])
+                    self._sync(bucket, async_op=False)
         if "tied" in self.groups:
             li, param, name = self.groups["tied_param"]
             with self.recorder.span("dp", "dp_allreduce", name, li, self.pipe_rank, -1):
@@ -524,9 +427,12 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------------ iteration
     def run_iteration(
-        self, iteration: int, barrier: Callable[[], None], before_step: Callable[[], None] | None = None
-    ) -> None:
-        """One training step; no host synchronisation with the device between its start and its end."""
+        self, iteration: int, barrier: Callable[[], None], before_step: Callable[[], None] | None = None,
+        after_step: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        """One training step; no host synchronisation with the device between its start and its end. `before_step`
+        and `after_step`: correctness checks (iteration 0 of a test run) that read losses and gradients, and the
+        parameters the step made."""
         self._syncs: list[Any] = []
         self._prefetch(iteration)
         barrier()
@@ -535,11 +441,18 @@ class Runtime:
         for a in self.actions:
             (self.forward if a.op == "F" else self.backward)(a.stage, a.microbatch, iteration, state)
         self._finish_grads()
-        if before_step is not None:  # a correctness check (iteration 0 of a test run): reads losses and gradients
+        if before_step is not None:
             self._read_losses()
             before_step()
         with self.recorder.span("compute", "optimizer", "optimizer step", -1, self.pipe_rank, -1):
             self.optimizer.step()
+        for bucket in self.gathers:  # ZeRO-1: every rank stepped its shards; all-gather the parameters
+            layer = -1 if bucket.bucket.ready is None else bucket.bucket.ready
+            with self.recorder.span("gather", "dp_allreduce", gather_name(bucket.name), layer, self.pipe_rank, -1):
+                assert self.zero is not None
+                self.zero.gather(bucket.name)
+        if after_step is not None:
+            after_step()
         for work, _t in self.pending:
             work.wait()
         self.recorder.finish(self.pipe_rank)

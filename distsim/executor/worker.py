@@ -40,7 +40,8 @@ class ExecuteConfig(WorkerConfig):
     profile: str | None = None
     """The profile whose costs balanced the partition; validation predicts with it by default."""
     check: str | None = None
-    """Write iteration 0's loss and full gradients (before the optimizer step) here, for correctness tests."""
+    """Write iteration 0's loss, full gradients (before the optimizer step) and parameters (after it) here, for
+    correctness tests."""
     timeout_s: float = 900.0
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
@@ -94,8 +95,8 @@ def run(cfg: ExecuteConfig) -> None:
     total = cfg.warmup + cfg.iterations
     for it in range(total):
         inject_fault(rank, str(it), _log)  # DISTSIM_FAULT=rank=R,at=ITERATION,mode=die|hang
-        check = _capture(runtime, cfg, strategy, placement, rank, world) if cfg.check and it == 0 else None
-        runtime.run_iteration(it, barrier, before_step=check)
+        before, after = _capture(runtime, cfg, strategy, rank, world) if cfg.check and it == 0 else (None, None)
+        runtime.run_iteration(it, barrier, before_step=before, after_step=after)
         runtime.zero_grad()
         if rank == 0:
             _log(f"iteration {it + 1}/{total}{' (warm-up)' if it < cfg.warmup else ''}")
@@ -121,6 +122,10 @@ def run(cfg: ExecuteConfig) -> None:
             "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
             "clock_offsets_s": {str(k): v for k, v in offsets.items()}, "timing": runtime.clock.describe(),
         }  # fmt: skip
+        if runtime.zero is not None and runtime.zero.gloo:  # its gradient reduce-scatters are all-reduces
+            from distsim.profiler.comm import GLOO_NOTES
+
+            provenance["notes"] = {"reduce_scatter": GLOO_NOTES["reduce_scatter"]}
         plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
                 "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
                 "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
@@ -255,41 +260,67 @@ def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total
     return frames
 
 
-def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, placement: Any, rank: int, world: int) -> Any:
-    """A before-step hook for iteration 0: write the loss and the full gradients (rank 0), for correctness tests."""
+def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, rank: int, world: int) -> tuple[Any, Any]:
+    """Before- and after-step hooks for iteration 0 that write the loss, the full gradients and the updated
+    parameters (rank 0), for correctness tests.
+
+    The gradients are replica 0's after synchronisation; under ZeRO-1, where each rank holds only its shard of the
+    sum, assembled from every rank's shards (:meth:`distsim.executor.zero.Zero1.reduced_grads`). The parameters after
+    the step check ZeRO-1's sharded step and all-gathers."""
+    import torch
+
+    captured: dict[str, Any] = {}
+
+    def before() -> None:
+        reduced = runtime.zero.reduced_grads() if runtime.zero is not None else None
+        captured["grads"] = _full_tensors(runtime, world, lambda p: p.grad if reduced is None else reduced[id(p)])
+        ls = runtime.losses[: strategy.num_micro_batches] if runtime.losses else []
+        gathered: list[Any] = [ls]
+        if world > 1:
+            import torch.distributed as dist
+
+            gathered = [None] * world
+            dist.all_gather_object(gathered, ls)
+        captured["losses"] = [x for part in gathered for x in part]
+
+    def after() -> None:
+        params = _full_tensors(runtime, world, lambda p: p)
+        if rank == 0:
+            losses = captured["losses"]
+            loss_count = strategy.num_micro_batches * strategy.dp * strategy.tp
+            torch.save({"loss": sum(losses) / len(losses), "losses": losses, "grads": captured["grads"],
+                        "params": params, "expected_losses": loss_count}, cfg.check)  # fmt: skip
+
+    return before, after
+
+
+def _full_tensors(runtime: Any, world: int, tensor: Any) -> dict[str, Any]:
+    """Replica 0's `tensor(parameter)` of every parameter, its tp shards concatenated (on rank 0; empty elsewhere)."""
     import torch
     import torch.distributed as dist
 
-    def hook() -> None:
-        local: dict[str, tuple[int, int | None, Any]] = {}
-        if runtime.replica == 0:
-            for (li, bi), module in runtime.modules.items():
-                for name, p in module.named_parameters():
-                    if p.grad is not None:
-                        split = module.tp_split.get(name) if module.tp > 1 else None
-                        local[f"L{li}.B{bi}.{name}"] = (runtime.tp_rank, split, p.grad.detach().cpu().clone())
-        payload = (local, runtime.losses[: strategy.num_micro_batches] if runtime.losses else [])
-        gathered: list[Any] = [payload]
-        if world > 1:
-            gathered = [None] * world
-            dist.all_gather_object(gathered, payload)
-        if rank == 0:
-            parts: dict[str, list[tuple[int, int | None, Any]]] = {}
-            losses: list[float] = []
-            for local_grads, ls in gathered:
-                for k, v in local_grads.items():
-                    parts.setdefault(k, []).append(v)
-                losses += ls
-            grads = {}
-            for k, shards in parts.items():
-                shards.sort(key=lambda x: x[0])
-                split = shards[0][1]
-                grads[k] = torch.cat([s[2] for s in shards], dim=split) if split is not None else shards[0][2]
-            loss_count = strategy.num_micro_batches * strategy.dp * strategy.tp
-            torch.save({"loss": sum(losses) / len(losses), "losses": losses, "grads": grads,
-                        "expected_losses": loss_count}, cfg.check)  # fmt: skip
-
-    return hook
+    local: dict[str, tuple[int, int | None, Any]] = {}
+    if runtime.replica == 0:
+        for (li, bi), module in runtime.modules.items():
+            for name, p in module.named_parameters():
+                t = tensor(p)
+                if t is not None:
+                    split = module.tp_split.get(name) if module.tp > 1 else None
+                    local[f"L{li}.B{bi}.{name}"] = (runtime.tp_rank, split, t.detach().cpu().clone())
+    gathered: list[Any] = [local]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, local)
+    parts: dict[str, list[tuple[int, int | None, Any]]] = {}
+    for shards in gathered:
+        for k, v in shards.items():
+            parts.setdefault(k, []).append(v)
+    out = {}
+    for k, shards in parts.items():
+        shards.sort(key=lambda x: x[0])
+        split = shards[0][1]
+        out[k] = torch.cat([s[2] for s in shards], dim=split) if split is not None else shards[0][2]
+    return out if runtime.rank == 0 else {}
 
 
 def main() -> None:

@@ -123,7 +123,7 @@ class CommWriter:
         """ZeRO-1/2: each bucket's parameters all-gathered over the data-parallel group once every member's optimizer
         step (`steps`: gpu -> task) updated its 1/d, one all-gather per bucket and instance (tp rank)."""
         for bucket in lowered.gathers:
-            name = "params" + self.bucket_name(lowered, bucket, rank).removeprefix("grads")
+            name = gather_name(self.bucket_name(lowered, bucket, rank))
             layer = -1 if bucket.ready is None else bucket.ready
             for inst in instances:
                 deps = [steps[g] for g in inst.gpus if g in steps]
@@ -235,6 +235,12 @@ def bucket_names(model: Model, buckets: Sequence[Bucket], rank: int) -> dict[Buc
         seen[name] = seen.get(name, 0) + 1
         out[bucket] = name if seen[name] == 1 else f"{name} #{seen[name]}"
     return out
+
+
+def gather_name(bucket_name: str) -> str:
+    """The name of a ZeRO-1/2 bucket's parameter all-gather, from its gradient bucket's (``grads X`` ->
+    ``params X``), as the simulator and the executor name it."""
+    return "params" + bucket_name.removeprefix("grads")
 
 
 def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,17 @@ GLOO_NOTES = {
     "p2p": "gloo's send returns once the data is buffered, so the transfer time is the receiver's time after a "
     "barrier (DistSim's min(send, recv) assumes NCCL, where both calls block until the transfer ends)",
 }
+
+
+def all_gather_single() -> Callable[..., Any]:
+    """torch.distributed's all-gather of one tensor into one (``all_gather_into_tensor`` before torch 2.13 renamed
+    it ``all_gather_single``)."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def reduce_scatter_single() -> Callable[..., Any]:
+    """torch.distributed's reduce-scatter of one tensor into one (``reduce_scatter_tensor`` before torch 2.13)."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -121,11 +133,11 @@ class CommBench:
             return lambda: dist.all_reduce(x, group=group)
         if spec.collective == "all_gather":
             part, out = x[: numel // n].clone(), torch.empty(numel, dtype=torch.float32, device=self.device)
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+            gather = all_gather_single()
             return lambda: gather(out, part, group=group)
         if spec.collective == "reduce_scatter":
             out = torch.empty(numel // n, dtype=torch.float32, device=self.device)
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            scatter = reduce_scatter_single()
             return lambda: scatter(out, x, group=group)
         src, dst = spec.ranks
         if self.rank == src:

@@ -1,0 +1,50 @@
+"""What ``distsim execute`` runs of a strategy, decided before anything is launched (no torch here).
+
+The executor runs activation recomputation ``none`` and ``full`` (:mod:`distsim.executor.recompute`) and optimizer
+sharding ``none`` and ``zero1`` (:mod:`distsim.executor.zero`). Everything else the simulator models is refused with
+one line rather than run as something else:
+
+* ``recompute selective``: the blocks' attention runs as one module, so its core cannot be recomputed (and timed)
+  on its own;
+* ``sequence_parallel``: the blocks all-reduce over the tensor-parallel group (Megatron's f and g), they have no
+  all-gather / reduce-scatter form;
+* ``zero2`` and ``zero3``: the gradient buffer accumulates every micro-batch whole (ZeRO-2's saving), and the
+  parameters stay resident (ZeRO-3 gathers them per layer);
+* ``zero1`` with a tied embedding whose copies sit on different pipeline ranks: the copies' all-reduce follows the
+  reduce-scatter (as the simulator orders it, after Megatron-LM's ``finalize_model_grads``), and then sums partial
+  gradients of different data-parallel shards (Megatron-LM issue #844).
+"""
+
+from __future__ import annotations
+
+from distsim.errors import DistsimError
+from distsim.models.graph import Model
+from distsim.partition import rank_layers
+from distsim.strategy import Strategy
+
+RECOMPUTE = ("none", "full")
+SHARDING = ("none", "zero1")
+
+
+def refuse_unsupported(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> None:
+    """Raise a one-line :class:`DistsimError` for a strategy field the executor does not run."""
+    if strategy.recompute not in RECOMPUTE:
+        raise DistsimError(f"distsim execute runs --recompute {' or '.join(RECOMPUTE)}, not {strategy.recompute} "
+                           "(its blocks run attention as one module; distsim simulate models selective)")  # fmt: skip
+    if strategy.sequence_parallel:
+        raise DistsimError("distsim execute does not run --sequence-parallel (its blocks all-reduce over the "
+                           "tensor-parallel group; distsim simulate models it)")  # fmt: skip
+    if strategy.optimizer_sharding not in SHARDING:
+        raise DistsimError(f"distsim execute runs --optimizer-sharding {' or '.join(SHARDING)}, not "
+                           f"{strategy.optimizer_sharding} (distsim simulate models it)")  # fmt: skip
+    if strategy.optimizer_sharding != "none" and strategy.dp > 1 and split_tied(model, strategy, stage_ranges):
+        raise DistsimError(f"distsim execute does not run {strategy.optimizer_sharding} with {model.name}'s tied "
+                           "embedding on two pipeline ranks: the copies' all-reduce after the reduce-scatter would "
+                           "sum partial gradients (Megatron-LM issue #844)")  # fmt: skip
+
+
+def split_tied(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> bool:
+    """Whether a tied layer and the layer it is tied to sit on different pipeline ranks."""
+    rank_of = {li: r for r in range(strategy.pp) for li in rank_layers(stage_ranges, strategy.pp, r)}
+    return any(layer.tied_to is not None and rank_of[li] != rank_of[model.index[layer.tied_to]]
+               for li, layer in enumerate(model.layers))  # fmt: skip
