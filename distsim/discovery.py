@@ -109,12 +109,15 @@ class Discovery:
         return out
 
     def report(self) -> str:
-        n = len(self.strategies)
+        plans = sum(isinstance(s.strategy, Plan) and s.strategy.strategy is None for s in self.strategies)
+        n = len(self.strategies) - plans
+        counted = [f"{n} strateg{'y' if n == 1 else 'ies'}"] if n or not plans else []
+        counted += [f"{plans} plan{'' if plans == 1 else 's'}"] if plans else []
         groups = self.comm_groups
         given = sum(e.block.has_given_time for e in self.compute.values())
         derived = len(self.derived_compute)
         lines = [
-            f"{n} strateg{'y' if n == 1 else 'ies'} of {self.model.name} on {self.cluster.name}: "
+            f"{' and '.join(counted)} of {self.model.name} on {self.cluster.name}: "
             f"{self.events_total:,} per-GPU events, {self.events_unique} distinct",
             f"  compute        {len(self.compute)} distinct ({len(self.measurable_compute)} to measure, "
             f"{given} given by the model" + (f", {derived} derived from a measured block)" if derived else ")"),
