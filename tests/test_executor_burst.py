@@ -65,8 +65,30 @@ def test_profile_discovers_a_burst_plans_events(tmp_path: Path, capsys: pytest.C
     code, _, err = run_cli(["profile", "--plan", str(plan), "--dry-run"], capsys)
     assert code == 0, err
     # embedding and lm_head at 4 samples, two transformer layers' 2 blocks at 2 (F and B each): 2 x (2 + 2) = 8
-    assert "compute        8 distinct" in err
+    assert err.startswith("1 plan of ") and "compute        8 distinct" in err
     assert "all_reduce intra x2, p2p intra x2" in err
+
+
+def test_validating_a_burst_trace_against_another_devices_profile_names_the_plan_to_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped burst trace with a profile of another device: the one-line refusal's profile command takes the
+    trace's plan as a file (`--plan PLAN.yaml`), and distsim accepts it once PLAN.yaml holds the trace's plan.burst."""
+    import shlex
+
+    trace_data = json.loads(Path("traces/gpt2-cpu-1x2-burst-emb1-wfbp-B8.json").read_text())
+    profile_data = json.loads(Path("profiles/validation/gpt2-cpu-1x2-burst.json").read_text())
+    profile_data["provenance"]["device"] = "Another CPU"
+    (tmp_path / "other.json").write_text(json.dumps(profile_data))
+    (tmp_path / "mine.json").write_text(json.dumps(trace_data))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["validate", "--trace", "mine.json", "--profile", "other.json"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "with PLAN.yaml holding the trace's plan.burst" in err
+    command = shlex.split(err.split("`")[1])
+    assert command[command.index("--plan") + 1] == "PLAN.yaml" and "--strategy" not in command
+    Path("PLAN.yaml").write_text(json.dumps(trace_data["plan"]["burst"]))
+    code, _, err = run_cli([*command[1:], "--dry-run"], capsys)
+    assert code == 0 and err.startswith("1 plan of gpt2-cpu on cpu-1x2"), err
 
 
 # -------------------------------------------------------------------------------------------------- real runs

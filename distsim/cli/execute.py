@@ -31,7 +31,8 @@ from distsim.output import check_output
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
 @click.option("--strategy", "-s", "strategy_text", metavar="xMyPzD", help="As for `distsim simulate`.")
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="A uniform plan file instead of --strategy (as `distsim search merge` writes).")  # fmt: skip
+              help="A plan file instead of --strategy: uniform (as `distsim search merge` writes) or burst (as "
+              "`distsim search deeppool` writes; ranks 0..N-1 are its GPUs).")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
