@@ -268,15 +268,18 @@ class BurstRuntime(Runtime):
         if self.rank not in union:
             return
         name = f"tied grads {self.model.layers[i].name}~{self.model.layers[i].tied_to}"
-        copies = [(li, vocab_weight(self.modules[(li, 0)])) for li in (t, i) if self.rank in self.layouts[li]]
-        grads = [(len(self.layouts[li]), p.grad) for li, p in copies]  # views into the gradient buffer
-        with self.recorder.span("dp", "dp_allreduce", name, i, i, -1):
-            contribution = sum(g / n for n, g in grads if g is not None)
-            assert isinstance(contribution, Tensor)
-            dist.all_reduce(contribution, group=self._group(union))
-            for _n, g in grads:
+        grads = [(len(self.layouts[li]), vocab_weight(self.modules[(li, 0)]).grad) for li in (t, i)
+                 if self.rank in self.layouts[li]]  # fmt: skip
+        with self.recorder.span("dp", "dp_allreduce", name, i, i, -1):  # in place in the gradient buffer
+            (n, first), *others = grads
+            assert first is not None
+            first.div_(n)
+            for n, g in others:
+                first.add_(g, alpha=1 / n)
+            dist.all_reduce(first, group=self._group(union))
+            for _n, g in others:
                 assert g is not None
-                g.copy_(contribution)
+                g.copy_(first)
 
     # ------------------------------------------------------------------------------------------------ iteration
     def _prefetch(self, iteration: int) -> None:
