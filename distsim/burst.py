@@ -60,20 +60,31 @@ def _slice_ends(batch: int, count: int) -> np.ndarray:
     return np.cumsum(base + (np.arange(count) < extra))
 
 
+def _cut(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """The batch cut at the union of both layouts' slice ends: each piece's end, length, and the index of the source
+    and of the destination slice it lies in (both splits are contiguous slices in device order)."""
+    have, need = _slice_ends(batch, len(src)), _slice_ends(batch, len(dst))
+    cuts = np.union1d(have, need)
+    return cuts, np.diff(cuts, prepend=0), np.searchsorted(have, cuts), np.searchsorted(need, cuts)
+
+
 def redistribution(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> Redistribution:
     """The samples that move when a batch split over `src` is needed split over `dst`.
 
-    Both splits are contiguous slices in device order, so the pieces between the union of their slice ends each lie
-    in one source and one destination slice (O(len(src) + len(dst)), in numpy: a 1024-GPU layout change is in a
-    planner's inner loop)."""
-    have, need = _slice_ends(batch, len(src)), _slice_ends(batch, len(dst))
-    cuts = np.union1d(have, need)
-    length = np.diff(cuts, prepend=0)
-    i, j = np.searchsorted(have, cuts), np.searchsorted(need, cuts)  # the (non-empty) slices each piece is in
+    The pieces between the union of both layouts' slice ends each lie in one source and one destination slice
+    (O(len(src) + len(dst)), in numpy: a 1024-GPU layout change is in a planner's inner loop)."""
+    _cuts, length, i, j = _cut(batch, src, dst)
     move = (length > 0) & (np.asarray(src)[i] != np.asarray(dst)[j])
     sent = np.bincount(i[move], weights=length[move], minlength=len(src)).astype(np.int64)
     received = np.bincount(j[move], weights=length[move], minlength=len(dst)).astype(np.int64)
     return Redistribution(dict(zip(src, sent.tolist(), strict=True)), dict(zip(dst, received.tolist(), strict=True)))
+
+
+def pieces(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """What a layout change does sample by sample: (lo, hi, source GPU, destination GPU) of each piece [lo, hi) of
+    the batch, in batch order; a piece whose two GPUs are one stays where it is (the executor moves the others)."""
+    cuts, length, i, j = _cut(batch, src, dst)
+    return [(int(end - n), int(end), src[a], dst[b]) for end, n, a, b in zip(cuts, length, i, j, strict=True) if n > 0]
 
 
 def scope_of(gpus: Collection[int], gpus_per_node: int) -> str:

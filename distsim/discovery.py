@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from distsim.cluster import Cluster
 from distsim.costs import CollocationSlowdown, CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.errors import DistsimError
-from distsim.flow.events import FlowOptions
+from distsim.flow.events import EventFlow, FlowOptions
 from distsim.flow.templates import derived_blocks
 from distsim.flow.uniform import build_flow
 from distsim.models.graph import Model
+from distsim.plan import Plan
 from distsim.strategy import Strategy
 
 
@@ -57,7 +58,7 @@ class RecordingCosts:
 
 @dataclass(frozen=True)
 class StrategyEvents:
-    strategy: Strategy
+    strategy: Strategy | Plan
     events_total: int
     events_unique: int
 
@@ -108,12 +109,15 @@ class Discovery:
         return out
 
     def report(self) -> str:
-        n = len(self.strategies)
+        plans = sum(isinstance(s.strategy, Plan) and s.strategy.strategy is None for s in self.strategies)
+        n = len(self.strategies) - plans
+        counted = [f"{n} strateg{'y' if n == 1 else 'ies'}"] if n or not plans else []
+        counted += [f"{plans} plan{'' if plans == 1 else 's'}"] if plans else []
         groups = self.comm_groups
         given = sum(e.block.has_given_time for e in self.compute.values())
         derived = len(self.derived_compute)
         lines = [
-            f"{n} strateg{'y' if n == 1 else 'ies'} of {self.model.name} on {self.cluster.name}: "
+            f"{' and '.join(counted)} of {self.model.name} on {self.cluster.name}: "
             f"{self.events_total:,} per-GPU events, {self.events_unique} distinct",
             f"  compute        {len(self.compute)} distinct ({len(self.measurable_compute)} to measure, "
             f"{given} given by the model" + (f", {derived} derived from a measured block)" if derived else ")"),
@@ -125,16 +129,19 @@ class Discovery:
 
 
 def discover(
-    model: Model, cluster: Cluster, strategies: list[Strategy], costs: CostSource, options: FlowOptions | None = None
-) -> Discovery:
-    """Distinct events of every strategy (each must fit `cluster`), with how often each occurs."""
+    model: Model, cluster: Cluster, strategies: list[Strategy | Plan], costs: CostSource,
+    options: FlowOptions | None = None,
+) -> Discovery:  # fmt: skip
+    """Distinct events of every strategy or plan (each must fit `cluster`), with how often each occurs; a stages or
+    burst plan's events are those of the flow the simulator builds for it (a burst plan's compute at every shard
+    size, its re-distributions' point-to-point sizes, its per-layer all-reduces)."""
     if not strategies:
         raise DistsimError("no strategies to discover events for")
     recorder = RecordingCosts(costs)
     occurrences: dict[str, int] = {}
     per_strategy = []
     for strategy in strategies:
-        flow = build_flow(model, cluster, strategy, recorder, options)
+        flow = _flow(model, cluster, strategy, recorder, options)
         weight = {g: len(r) for g, r in flow.represents.items()}
         for k, slots in zip(flow.key, flow.slots, strict=True):
             if k < 0:  # the host enqueuing kernels: not an event to measure
@@ -146,3 +153,32 @@ def discover(
         model, cluster, per_strategy, recorder.compute_events, recorder.comm_events, recorder.optimizer_events,
         occurrences,
     )  # fmt: skip
+
+
+def _flow(model: Model, cluster: Cluster, target: Strategy | Plan, costs: CostSource,
+          options: FlowOptions | None) -> EventFlow:  # fmt: skip
+    """The event flow the simulator builds for a strategy or a plan."""
+    if isinstance(target, Plan) and target.strategy is None:
+        from dataclasses import replace
+
+        from distsim.simulate import PLAN_SIMULATORS
+
+        return PLAN_SIMULATORS[target.kind].build(model, cluster, target, costs,
+                                                  replace(options or FlowOptions(), symmetric=False))  # fmt: skip
+    strategy = target.strategy if isinstance(target, Plan) and target.strategy is not None else target
+    assert isinstance(strategy, Strategy)
+    return build_flow(model, cluster, strategy, costs, options)
+
+
+def shard_strategies(plans: list[Plan]) -> list[Strategy]:
+    """One single-stage strategy per micro-batch (burst: shard) size the plans' layers run at: the stages that the
+    profiler's in-situ self-check chains (:func:`distsim.profiler.insitu.plan_chains`) time for them."""
+    from distsim.burst import shards
+
+    sizes: set[int] = set()
+    for plan in plans:
+        if plan.burst:
+            sizes |= {hi - lo for devices in plan.burst for lo, hi in shards(plan.micro_batch_size, devices).values()}
+        elif plan.stages:
+            sizes |= {hi - lo for s in range(len(plan.stages)) for lo, hi in plan.replica_samples(s)}
+    return [Strategy(micro_batch_size=n) for n in sorted(sizes)]

@@ -273,8 +273,10 @@ def strategy_args(strategy: Any) -> list[str]:
 
 
 def profile_command(model: str, cluster: str, strategy: Any, out: str, *, nodes: int | None = None,
-                    emulation: dict[str, Any] | None = None, world: int = 1, run_nodes: int = 1) -> str:  # fmt: skip
-    """The shell command that profiles every event of one plan's `strategy` on this machine.
+                    emulation: dict[str, Any] | None = None, world: int = 1, run_nodes: int = 1,
+                    plan_path: str | None = None) -> str:  # fmt: skip
+    """The shell command that profiles every event of one plan's `strategy` (or of the plan file `plan_path`: a
+    burst plan) on this machine.
 
     `nodes` overrides the cluster's node count when given. With the `emulation` a run recorded
     (``Emulation.to_dict``), the ranks are launched the same way on this machine; without one, a plan of several ranks
@@ -285,7 +287,7 @@ def profile_command(model: str, cluster: str, strategy: Any, out: str, *, nodes:
     args = ["--model", model, "--cluster", cluster]
     if nodes is not None:
         args += ["--nodes", str(nodes)]
-    args += strategy_args(strategy)
+    args += ["--plan", plan_path] if plan_path else strategy_args(strategy)
     if emulation:
         args += ["--emulate-nodes", str(emulation.get("nodes", 1)),
                  "--procs-per-node", str(emulation.get("procs_per_node", 1))]  # fmt: skip

@@ -31,7 +31,8 @@ from distsim.output import check_output
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
 @click.option("--strategy", "-s", "strategy_text", metavar="xMyPzD", help="As for `distsim simulate`.")
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help="A uniform plan file instead of --strategy (as `distsim search merge` writes).")  # fmt: skip
+              help="A plan file instead of --strategy: uniform (as `distsim search merge` writes) or burst (as "
+              "`distsim search deeppool` writes; ranks 0..N-1 are its GPUs).")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
@@ -76,12 +77,14 @@ def execute(**kw: Any) -> None:
 
     out = kw["out"]
     check_output(out, "--out", stream_ok=False)
+    burst = None
     if kw["plan_path"]:
         plan = load_plan_for(kw)
-        if plan.strategy is None:
+        if plan.kind == "stages":
             raise DistsimError(f"{kw['plan_path']} is a {plan.kind} plan ({plan.notation()}); distsim execute "
-                               "runs uniform strategies (tp x pp x dp)")  # fmt: skip
-        kw["strategy_text"] = plan.strategy.describe()
+                               "runs uniform strategies (tp x pp x dp) and burst plans")  # fmt: skip
+        burst = plan if plan.kind == "burst" else None
+        kw["strategy_text"] = plan.pipeline_strategy().describe()  # a burst plan's: one stage, one batch
         given = strategy_overrides(kw)[1]
         if given:
             raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
@@ -96,15 +99,22 @@ def execute(**kw: Any) -> None:
                            "(benchmarks/torch_model_step.py does, in one process)")  # fmt: skip
     overrides, _ = strategy_overrides(kw)
     strategy = Strategy.from_str(kw["strategy_text"], **overrides)
-    check_strategy(strategy, model, cluster)
+    if burst is None:  # a burst plan's one-stage view runs on many GPUs: check_plan checks it below
+        check_strategy(strategy, model, cluster)
     planned = strategy  # as given: a new profile may balance another partition
     costs = load_costs(cluster, kw["profile_path"])
     ranges = resolve_partition(model, strategy, costs)
     if strategy.partition is None:
         strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
     refuse_unsupported(model, strategy, ranges)  # recompute none|full, optimizer sharding none|zero1
+    if burst is not None:
+        from distsim.executor.support import refuse_unsupported_burst
+        from distsim.plan import check_plan
+
+        check_plan(burst, model.num_layers, cluster.num_gpus)
+        refuse_unsupported_burst(model, burst)
     strategy = _with_merge_plan(model, cluster, strategy, costs)
-    _refuse_out_of_memory(model, cluster, strategy, ranges, kw["force"])
+    _refuse_out_of_memory(model, cluster, burst or strategy, ranges, kw["force"])
     need_torch("execute")
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
@@ -113,13 +123,14 @@ def execute(**kw: Any) -> None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if kw["profile_path"] and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
-        warning = _profile_device_check(kw, planned, emulation, torchrun)
+        warning = _profile_device_check(kw, burst or planned, emulation, torchrun)
         if warning:
             click.echo(f"warning: {warning}", err=True)
     ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
-    if ranks != strategy.num_gpus:
-        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks but this launch starts {ranks} "
-                           "(--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
+    needed = burst.num_gpus if burst else strategy.num_gpus
+    if ranks != needed:
+        raise DistsimError(f"{burst.notation() if burst else strategy} needs {needed} ranks but this launch starts "
+                           f"{ranks} (--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
 
     cfg = ExecuteConfig(
         model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
@@ -130,8 +141,10 @@ def execute(**kw: Any) -> None:
         if kw["profile_path"] else None,  # relative to the trace, so that traces and profiles move together
         emulation=emulation.to_dict() if emulation else {},
         command=invoked_command(),
+        burst=_burst_form(burst, kw) if burst else None,
     )  # fmt: skip
-    click.echo(f"executing {model.name} {strategy.describe()} on {cluster.name}", err=True)
+    what = f"{burst.notation()} (batch {burst.micro_batch_size}, {burst.grad_sync})" if burst else strategy.describe()
+    click.echo(f"executing {model.name} {what} on {cluster.name}", err=True)
     from distsim.executor import worker
 
     if torchrun or emulation is None:
@@ -140,6 +153,13 @@ def execute(**kw: Any) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def _burst_form(plan: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """The burst plan's file form for the ranks and the trace, naming the model and cluster as the run does."""
+    from distsim.plan import plan_to_dict
+
+    return {**plan_to_dict(plan), "model": portable(kw["model_name"]), "cluster": portable(kw["cluster_name"])}
 
 
 def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any:
@@ -157,16 +177,23 @@ def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any
 
 
 def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, force: bool) -> None:
-    """The memory model's verdict before anything runs: a plan that does not fit is refused unless --force."""
-    from distsim.memory import estimate_memory
+    """The memory model's verdict before anything runs: a plan (a strategy, or a burst plan) that does not fit is
+    refused unless --force."""
+    from distsim.memory import burst_memory, estimate_memory
+    from distsim.plan import Plan
     from distsim.schedules import build_schedule
 
-    memory = estimate_memory(model, strategy, build_schedule(strategy), ranges, cluster.gpu.memory_bytes)
+    where = "pipeline rank"
+    if isinstance(strategy, Plan):
+        memory = burst_memory(model, strategy.burst, strategy.micro_batch_size, cluster.gpu.memory_bytes)
+        strategy, where = strategy.notation(), "GPU"
+    else:
+        memory = estimate_memory(model, strategy, build_schedule(strategy), ranges, cluster.gpu.memory_bytes)
     worst = max(memory, key=lambda m: m.total_bytes)
     if worst.fits or force:
         return
     raise DistsimError(
-        f"{strategy} does not fit in memory: pipeline rank {worst.rank} needs {worst.total_bytes / 1e9:.2f} GB of the "
+        f"{strategy} does not fit in memory: {where} {worst.rank} needs {worst.total_bytes / 1e9:.2f} GB of the "
         f"{cluster.gpu.memory_bytes / 1e9:.0f} GB of a {cluster.gpu.name} of {cluster.name} (distsim simulate shows "
         "the breakdown); --force runs it anyway"
     )
@@ -194,7 +221,8 @@ def _profile_device_check(kw: dict[str, Any], strategy: Any, emulation: Any, tor
     world = int(os.environ["WORLD_SIZE"]) if torchrun else strategy.num_gpus
     run_nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1
     out = profile_out_name(kw["model_name"], kw["cluster_name"])
+    burst = getattr(strategy, "burst", None)  # a burst plan is profiled from its file
     command = profile_command(kw["model_name"], kw["cluster_name"], strategy, out, nodes=kw["nodes"],
                               emulation=emulation.to_dict() if emulation else None, world=world,
-                              run_nodes=run_nodes)  # fmt: skip
+                              run_nodes=run_nodes, plan_path=kw["plan_path"] if burst else None)  # fmt: skip
     return device_warning(kw["profile_path"], profiled_on, here, command, out)

@@ -35,6 +35,9 @@ from distsim.output import check_output
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")
 @click.option("--strategy", "-s", "strategies", multiple=True, metavar="xMyPzD",
               help="A strategy whose events to profile (repeatable); --micro-batches etc. apply to each.")  # fmt: skip
+@click.option("--plan", "plan_paths", multiple=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="A plan file whose events to profile (repeatable; a burst plan's compute at each shard size, its "
+              "re-distributions and per-layer all-reduces); its model and cluster are the defaults.")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M for every --strategy.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="Micro-batch size for every --strategy.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="Schedule for every --strategy.")
@@ -113,10 +116,12 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     from distsim.discovery import discover
     from distsim.io import load_profile
     from distsim.launch import Emulation
+    from distsim.plan import plan_to_dict
     from distsim.profiler.worker import CONFIG_ENV, ProfileConfig
     from distsim.search.space import cluster_for, enumerate_strategies
     from distsim.strategy import Strategy
 
+    plans = _load_plans(kw)
     if not kw["model_name"] or not kw["cluster_name"]:
         raise click.UsageError("distsim profile needs --model and --cluster (or use `distsim profile show FILE`)")
     if not kw["dry_run"]:
@@ -124,6 +129,16 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     model, cluster = load_model_and_cluster(kw)
     overrides, _ = strategy_overrides(kw)
     strategies = [Strategy.from_str(s, **overrides) for s in kw["strategies"]]
+    strategies += [p.strategy for p in plans if p.strategy is not None]
+    plans = [p for p in plans if p.strategy is None]
+    if plans:
+        from distsim.plan import check_plan
+
+        for path, plan in zip(kw["plan_paths"], plans, strict=True):
+            try:
+                check_plan(plan, model.num_layers, cluster.num_gpus)
+            except DistsimError as exc:
+                raise DistsimError(f"{path}: {exc}") from None
     if kw["grid_gpus"]:
         if not kw["global_batch"]:
             raise DistsimError("--grid-gpus needs --global-batch")
@@ -132,8 +147,9 @@ def profile(ctx: click.Context, **kw: Any) -> None:
                                        parse_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes"),
                                        [x.strip() for x in kw["schedules"].split(",") if x.strip()])  # fmt: skip
         strategies += [with_scale_options(s, overrides) for s in grid]
-    if not strategies and not kw["collocation"]:
-        raise DistsimError("give the strategies to profile: --strategy (repeatable) or --grid-gpus with --global-batch")
+    if not strategies and not plans and not kw["collocation"]:
+        raise DistsimError("give the strategies to profile: --strategy (repeatable), --plan FILE or --grid-gpus with "
+                           "--global-batch")  # fmt: skip
     emulation = (
         Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
     )
@@ -144,7 +160,8 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     existing = None
     if not kw["dry_run"] and os.path.exists(out) and not kw["overwrite"]:
         existing = load_profile(out)  # a malformed one is refused before anything is measured
-    found = discover(model, cluster, strategies, AnalyticCosts(cluster)) if strategies else None
+    targets = [*strategies, *plans]
+    found = discover(model, cluster, targets, AnalyticCosts(cluster)) if targets else None
     if found is not None:
         click.echo(found.report(), err=True)
     if kw["dry_run"]:
@@ -163,9 +180,11 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
         repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=max_comm_bytes,
         max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"],
-        compute=not kw["no_compute"] and bool(strategies), comm=not kw["no_comm"] and bool(strategies),
+        compute=not kw["no_compute"] and bool(targets), comm=not kw["no_comm"] and bool(targets),
         self_check=not kw["no_self_check"], emulation=emulation.to_dict() if emulation else {},
         collocation=kw["collocation"], command=invoked_command(),
+        plans=[{**plan_to_dict(p), "model": portable(kw["model_name"]), "cluster": portable(kw["cluster_name"])}
+               for p in plans],
     )  # fmt: skip
     from distsim.profiler import worker
 
@@ -181,6 +200,19 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     db = load_profile(out)
     if found is not None:
         click.echo(_profile_cost_report(found, db), err=True)
+
+
+def _load_plans(kw: dict[str, Any]) -> list[Any]:
+    """--plan files; the first one's model, cluster and nodes fill in what was not given."""
+    from distsim.cli.common import load_plan_for
+
+    plans = []
+    for i, path in enumerate(kw["plan_paths"]):
+        given = {**kw, "plan_path": path, "strategy_text": None}
+        plans.append(load_plan_for(given))  # fills model, cluster and nodes where not given
+        if i == 0:
+            kw.update({key: given[key] for key in ("model_name", "cluster_name", "nodes")})
+    return plans
 
 
 def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> None:

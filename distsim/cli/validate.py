@@ -33,7 +33,11 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
         profile_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), plan["profile"]))
     model = load_model(plan["model"])
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
-    strategy = Strategy.from_str(plan["strategy"])
+    strategy: Any = Strategy.from_str(plan["strategy"])
+    if plan.get("burst"):  # a burst plan ran: simulate it (its strategy is only its one-stage view)
+        from distsim.plan import plan_from_dict
+
+        strategy = plan_from_dict(plan["burst"], f"{path}: plan burst")
     costs: Any = AnalyticCosts(cluster)
     load_warnings: list[str] = []
     if profile_path:
@@ -57,6 +61,13 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     return trace, result, val, load_warnings
 
 
+def _described(result: Any) -> str:
+    """The strategy that ran, or the plan (a burst plan: its GPUs per layer, batch and gradient sync)."""
+    if result.plan is None:
+        return str(result.strategy.describe())
+    return f"{result.label} (batch {result.plan.micro_batch_size}, {result.plan.grad_sync})"
+
+
 def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
     """What to run on the machine a trace was measured on: profile the trace's plan there, then validate with it."""
     import shlex
@@ -69,10 +80,18 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
     nodes = int(plan["nodes"])
     strategy = Strategy.from_str(plan["strategy"])  # with the partition it ran: the exact p2p sizes
     out = profile_out_name(plan["model"], plan["cluster"])
+    burst = "PLAN.yaml" if plan.get("burst") else None  # the trace's plan.burst, written to a file
+    world = strategy.num_gpus
+    if burst:
+        from distsim.plan import plan_from_dict
+
+        world = plan_from_dict(plan["burst"], f"{path}: plan burst").num_gpus
     command = profile_command(plan["model"], plan["cluster"], strategy, out,
                               nodes=nodes if nodes != preset.nodes else None, emulation=plan.get("emulation"),
-                              world=strategy.num_gpus, run_nodes=nodes)  # fmt: skip
+                              world=world, run_nodes=nodes, plan_path=burst)  # fmt: skip
     where = " on every node (K = 0, 1, ...)" if command.startswith("torchrun") else ""
+    if burst:
+        where += f" with {burst} holding the trace's plan.burst"
     return (
         f"profile the machine the trace ran on first, `{command}`{where}, then rerun "
         f"`distsim validate --trace {shlex.quote(path)} --profile {shlex.quote(out)}`"
@@ -118,7 +137,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             from distsim.plots import compare_gantt
 
             median = trace.timeline(trace.median_index(), result.cluster.gpus_per_node)
-            title = f"{result.model.name} {result.strategy.describe()} on {result.cluster.name}"
+            title = f"{result.model.name} {_described(result)} on {result.cluster.name}"
             write_figure(plot_path, compare_gantt(result.timeline.expand(), median, title))
         if as_json:
             click.echo(json.dumps({"trace": trace_path, **val.to_dict(), "profile_load_warnings": load_warnings,
@@ -126,7 +145,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
                                   indent=2))  # fmt: skip
             return
         lines = [
-            f"{trace_path}: {result.model.name} {result.strategy.describe()} on {result.cluster.name}",
+            f"{trace_path}: {result.model.name} {_described(result)} on {result.cluster.name}",
             f"  predicted {val.predicted_s * 1e3:.1f} ms, measured {val.measured_s * 1e3:.1f} ms (median of "
             f"{len(val.iteration_times_s)} iterations, spread {100 * val.measured_spread:.1f} %)",
             f"  batch-time error      {100 * val.batch_error:.2f} %"
@@ -177,10 +196,11 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         if emulation.get("link_bandwidth"):
             layout += f" {emulation['link_bandwidth']}"
         scale = [x for x in s.describe().split() if x.split("=")[0] in ("recompute", "recompute_layers", "sp", "zero")]
+        sync = result.plan.grad_sync if result.plan is not None else s.grad_sync if s.dp > 1 else "-"
         rows.append({
-            "model": trace.plan["model"], "strategy": " ".join([str(s), *scale]),
+            "model": trace.plan["model"], "strategy": " ".join([result.label, *scale]),
             "schedule": s.schedule if s.pp > 1 else "-",
-            "M": s.num_micro_batches, "sync": s.grad_sync if s.dp > 1 else "-", "nodes": layout,
+            "M": s.num_micro_batches, "sync": sync, "nodes": layout,
             "predicted_ms": round(val.predicted_s * 1e3, 1), "measured_ms": round(val.measured_s * 1e3, 1),
             "batch_err_%": round(100 * val.signed_batch_error, 2),
             "mean_dur_err_%": round(100 * (val.deterministic_s - val.measured_s) / val.measured_s, 2),

@@ -13,6 +13,9 @@ one line rather than run as something else:
 * ``zero1`` with a tied embedding whose copies sit on different pipeline ranks: the copies' all-reduce follows the
   reduce-scatter (as the simulator orders it, after Megatron-LM's ``finalize_model_grads``), and then sums partial
   gradients of different data-parallel shards (Megatron-LM issue #844).
+
+Burst plans run on ranks 0..N-1 (rank = GPU id) and need a model whose last layer computes the loss
+(:func:`refuse_unsupported_burst`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from distsim.errors import DistsimError
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
+from distsim.plan import Plan, format_devices
 from distsim.strategy import Strategy
 
 RECOMPUTE = ("none", "full")
@@ -48,3 +52,16 @@ def split_tied(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, 
     rank_of = {li: r for r in range(strategy.pp) for li in rank_layers(stage_ranges, strategy.pp, r)}
     return any(layer.tied_to is not None and rank_of[li] != rank_of[model.index[layer.tied_to]]
                for li, layer in enumerate(model.layers))  # fmt: skip
+
+
+def refuse_unsupported_burst(model: Model, plan: Plan) -> None:
+    """Raise a one-line :class:`DistsimError` for a burst plan the executor does not run: its ranks are its GPU ids
+    (so they must be 0..N-1), and the batch's loss must be the last layer's (an LM head), which weights each rank's
+    shard of it."""
+    if plan.gpus != tuple(range(plan.num_gpus)):
+        raise DistsimError(f"distsim execute runs a burst plan on ranks 0..N-1 as its GPUs; this one uses GPUs "
+                           f"{format_devices(plan.gpus)} (renumber them from 0)")  # fmt: skip
+    last = model.layers[-1]
+    if last.blocks[-1].op != "lm_head":
+        raise DistsimError(f"distsim execute runs burst plans of models whose last layer computes the loss (an LM "
+                           f"head); {model.name} ends in {last.name} ({last.blocks[-1].op})")  # fmt: skip

@@ -45,6 +45,9 @@ class ExecuteConfig(WorkerConfig):
     timeout_s: float = 900.0
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
+    burst: dict[str, Any] | None = None
+    """A burst plan's file form (:mod:`distsim.burst_form`), run by :mod:`distsim.executor.burst`; `strategy` is then
+    its schedule-level view (one stage, one batch)."""
 
 
 def _log(message: str) -> None:
@@ -59,6 +62,7 @@ def run(cfg: ExecuteConfig) -> None:
     from distsim.io import load_cluster, load_model
     from distsim.partition import ranges
     from distsim.placement import Placement
+    from distsim.plan import plan_from_dict
     from distsim.profiler.blocks import torch_dtype
     from distsim.profiler.compute import device_name
     from distsim.profiler.worker import init_rank
@@ -71,26 +75,38 @@ def run(cfg: ExecuteConfig) -> None:
     model = load_model(cfg.model)
     cluster = load_cluster(cfg.cluster).with_nodes(cfg.nodes)
     strategy = Strategy.from_str(cfg.strategy)
-    check_strategy(strategy, model, cluster)
-    if strategy.partition is None:
+    burst = plan_from_dict(cfg.burst, "the burst plan") if cfg.burst else None
+    if burst is None:
+        check_strategy(strategy, model, cluster)
+    if strategy.partition is None and burst is None:
         raise DistsimError("the executor needs the strategy's partition (the simulator's)")
-    if world != strategy.num_gpus:
-        raise DistsimError(f"{strategy} needs {strategy.num_gpus} ranks, this job has {world}")
+    ranks = burst.num_gpus if burst else strategy.num_gpus
+    if world != ranks:
+        raise DistsimError(f"{burst.notation() if burst else strategy} needs {ranks} ranks, this job has {world}")
     device = init_rank(local_rank, local_world, world, cfg.timeout_s)
     cuda = device.type == "cuda"
     barrier = dist.barrier if world > 1 else (lambda: None)
-    placement = Placement(strategy, cluster)
-    schedule = build_schedule(strategy)
-    stage_ranges = ranges(strategy.partition)
-    groups = _groups(model, strategy, placement, stage_ranges, rank) if world > 1 else {}
     dtype = torch_dtype(model.precision.name, device)
-    runtime = Runtime(model, strategy, placement, schedule, stage_ranges, rank, groups, dtype, device, cfg.seed,
-                      cfg.p2p_blocking, cfg.lr)  # fmt: skip
-    if "tied_layers" in groups:
-        runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
-    if strategy.dp > 1 and runtime.grad_units() != runtime.simulated_units():  # a model file without Block.tensors
-        _log(f"warning: rank {rank}'s parameter tensors are not the model's (its blocks' tensors): its gradient "
-             f"buckets ({len(runtime.buckets)}) may not be the ones the simulator predicts")  # fmt: skip
+    runtime: Any
+    if burst is not None:
+        from distsim.executor.burst import BurstRuntime, burst_groups
+
+        groups = burst_groups(model, burst, rank) if world > 1 else {}
+        runtime = BurstRuntime(model, burst, rank, groups, dtype, device, cfg.seed, cfg.lr)
+        loss_ranks = set(burst.burst[-1])  # their weighted shard losses add up to the batch's
+    else:
+        placement = Placement(strategy, cluster)
+        schedule = build_schedule(strategy)
+        stage_ranges = ranges(strategy.partition)
+        groups = _groups(model, strategy, placement, stage_ranges, rank) if world > 1 else {}
+        runtime = Runtime(model, strategy, placement, schedule, stage_ranges, rank, groups, dtype, device, cfg.seed,
+                          cfg.p2p_blocking, cfg.lr)  # fmt: skip
+        if "tied_layers" in groups:
+            runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
+        if strategy.dp > 1 and runtime.grad_units() != runtime.simulated_units():  # a model file without tensors
+            _log(f"warning: rank {rank}'s parameter tensors are not the model's (its blocks' tensors): its gradient "
+                 f"buckets ({len(runtime.buckets)}) may not be the ones the simulator predicts")  # fmt: skip
+        loss_ranks = {int(g) for g in placement.grid[strategy.pp - 1, 0, :1]}
     offsets = _clock_offsets(rank, world, device) if world > 1 else {0: 0.0}
     total = cfg.warmup + cfg.iterations
     for it in range(total):
@@ -111,10 +127,11 @@ def run(cfg: ExecuteConfig) -> None:
         from distsim.trace import Trace
 
         iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
-        last_stage = {int(g) for g in placement.grid[strategy.pp - 1, 0, :1]}
-        losses = [v for r, _rec, v in gathered if r in last_stage]
+        losses = [v for r, _rec, v in gathered if r in loss_ranks]
         per_iter = strategy.num_micro_batches
         loss_rows = [losses[0][i * per_iter : (i + 1) * per_iter] for i in range(cfg.warmup, total)] if losses else []
+        if burst is not None:
+            loss_rows = [[sum(part[i] for part in losses)] for i in range(cfg.warmup, total)]
         provenance = {
             "device": device_name(device), "backend": dist.get_backend() if world > 1 else "none",
             "torch": torch.__version__, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -129,11 +146,13 @@ def run(cfg: ExecuteConfig) -> None:
         plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
                 "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
                 "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
+        if cfg.burst:
+            plan["burst"] = cfg.burst
         trace = Trace(plan, provenance, iterations, loss_rows)
         write_json(cfg.out, trace.to_dict())
         chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
         median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
-        write_chrome_trace(chrome, median, f"measured {model.name} {strategy}")
+        write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
         times = trace.iteration_times_s
         _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
              f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
@@ -237,9 +256,12 @@ def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total
     import pandas as pd
 
     recv_end: dict[tuple[Any, ...], float] = {}
-    for rank, rec, _losses in gathered:
+    send_start: dict[tuple[Any, ...], float] = {}
+    for rank, rec, _losses in gathered:  # a transfer with several senders or receivers (burst plans) spans them all
         for it, key, end in rec.p2p_recvs:
-            recv_end[(it, *key)] = end - offsets[rank]
+            recv_end[(it, *key)] = max(recv_end.get((it, *key), -float("inf")), end - offsets[rank])
+        for it, key, row in rec.p2p_sends:
+            send_start[(it, *key)] = min(send_start.get((it, *key), float("inf")), row[6] - offsets[rank])
     frames = []
     for it in range(warmup, total):
         origin = min(rec.iteration_starts[it] - offsets[rank] for rank, rec, _l in gathered)
@@ -252,7 +274,8 @@ def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total
             for row_it, key, (stream, kind, name, layer, stage, mb, start, end) in rec.p2p_sends:
                 if row_it == it:  # a transfer ends when its receiver has it (and not before the sender is done)
                     end = max(end - shift, recv_end.get((it, *key), end - offsets[rank]) - origin)
-                    rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end))
+                    start = send_start[(it, *key)] - origin
+                    rows.append((rank, stream, kind, name, layer, stage, mb, start, end))
         df = pd.DataFrame(rows, columns=["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s",
                                          "end_s"])  # fmt: skip
         df.insert(1, "node", df["gpu"] // gpus_per_node)
@@ -288,7 +311,10 @@ def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, rank: int, world: 
         if rank == 0:
             losses = captured["losses"]
             loss_count = strategy.num_micro_batches * strategy.dp * strategy.tp
-            torch.save({"loss": sum(losses) / len(losses), "losses": losses, "grads": captured["grads"],
+            loss = sum(losses) / len(losses)
+            if cfg.burst:  # the last layer's ranks hold their shards' losses weighted by their share of the batch
+                loss_count, loss = len(runtime.layouts[-1]), sum(losses)
+            torch.save({"loss": loss, "losses": losses, "grads": captured["grads"],
                         "params": params, "expected_losses": loss_count}, cfg.check)  # fmt: skip
 
     return before, after

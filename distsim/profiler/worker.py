@@ -55,6 +55,9 @@ class ProfileConfig(WorkerConfig):
     collocation: bool = False
     """Measure how a low-priority background job on rank 0's device slows the foreground
     (:mod:`distsim.profiler.collocation`)."""
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    """Plan files' forms (``--plan``) whose events are profiled besides `strategies` (a burst plan's: compute at
+    each shard size, its re-distributions and per-layer all-reduces)."""
     torch_model: str = ""
     """``module:function`` of a user's torch module (``--torch-model``), whose layers rank 0 discovers and times;
     `model` is then unused. Strategies, if any, get the example batch's micro-batch size."""
@@ -104,8 +107,9 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     import torch.distributed as dist
 
     from distsim.costs import AnalyticCosts
-    from distsim.discovery import discover
+    from distsim.discovery import discover, shard_strategies
     from distsim.io import load_cluster, load_model, load_profile, write_json
+    from distsim.plan import plan_from_dict
     from distsim.profile_db import CommMeasurement, Interference, Measurement, ProfileDB
     from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
     from distsim.profiler.compute import device_name, time_compute_event
@@ -135,10 +139,11 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     strategies = [Strategy.from_str(s) for s in cfg.strategies]
     if model.micro_batch_size is not None:  # a torch module: its example batch is the micro-batch
         strategies = [replace(s, micro_batch_size=model.micro_batch_size) for s in strategies]
+    plans = [plan_from_dict(p, "--plan") for p in cfg.plans]
     found = None
-    if strategies:
+    if strategies or plans:
         cluster = load_cluster(cfg.cluster)
-        found = discover(model, cluster, strategies, AnalyticCosts(cluster))
+        found = discover(model, cluster, [*strategies, *plans], AnalyticCosts(cluster))
         log(found.report())
     existing = None
     if rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
@@ -195,8 +200,9 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
             results.update(part)
             skipped.update(part_skipped)
     self_check = None
-    if cfg.compute and cfg.self_check and results and strategies and not cfg.torch_model:
-        self_check = _self_check(model, cluster, strategies, results, existing, device, rank, world, log)
+    checked = [*strategies, *shard_strategies(plans)]  # a plan's stages: its layers at each shard size
+    if cfg.compute and cfg.self_check and results and checked and not cfg.torch_model:
+        self_check = _self_check(model, cluster, checked, results, existing, device, rank, world, log)
 
     # ------------------------------------------------------------------------------------------ communication
     comm: list[CommMeasurement] = []
@@ -378,6 +384,8 @@ def _provenance(cfg: ProfileConfig, torch: Any, device: Any, backend: str, world
                   "emulation": cfg.emulation or None, "compute_events": n_compute, "comm_measurements": n_comm,
                   "seconds": round(elapsed, 1)}],
     }  # fmt: skip
+    if cfg.plans:
+        prov["runs"][0]["plans"] = cfg.plans
     if load is not None:
         prov["load"] = load
         prov["runs"][0]["load"] = load
