@@ -159,9 +159,8 @@ def _minimal_counts(types: list[str], per_gpu: list[int], limits: list[int], nee
             if n < 0 or n > limits[i]:
                 return
             low = min(smallest, a) if n else smallest
-            if n or prefix and any(prefix):
-                if got + n * a - low < need:  # minimal: removing the least-hosting GPU drops below maxP
-                    yield (*prefix, n)
+            if got + n * a - low < need:  # minimal: removing the least-hosting GPU drops below maxP (need >= 1)
+                yield (*prefix, n)
             return
         a = per_gpu[i]
         top = limits[i] if a else 0
