@@ -238,3 +238,31 @@ def scaling_curves(table: pd.DataFrame, columns: Sequence[str], ylabel: str, ax:
     if title:
         ax.set_title(title, fontsize="medium")
     return ax
+
+
+def cluster_sim_figure(results: Sequence, title: str = "") -> NotebookFigure:
+    """Cluster-trace simulation results (:class:`~distsim.elastic.cluster_sim.ClusterSimResult`), side by side:
+    the JCT CDF (log time) and the GPU allocation ratio over time, one line per scheduler."""
+    fig = NotebookFigure(figsize=(11, 4))
+    ax_cdf, ax_alloc = fig.subplots(1, 2)
+    for res in results:
+        jct = res.jct_s
+        ax_cdf.step(jct, [(i + 1) / len(jct) for i in range(len(jct))], where="post", label=res.scheduler)
+        total, t0 = sum(res.gpus.values()), min(res.arrival_s.values())
+        end = max(res.finish_s.values())
+        times = [(t - t0) / 3600 for t, _ in res.allocated] + [(end - t0) / 3600]
+        ratios = [n / total for _, n in res.allocated] + [res.allocated[-1][1] / total]
+        ax_alloc.step(times, ratios, where="post", label=res.scheduler)
+    ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("job completion time (s)")
+    ax_cdf.set_ylabel("fraction of jobs")
+    ax_cdf.set_title("JCT CDF")
+    ax_cdf.legend(loc="lower right")
+    ax_alloc.set_xlabel("time since first arrival (h)")
+    ax_alloc.set_ylabel("GPUs allocated / cluster GPUs")
+    ax_alloc.set_ylim(0, 1.05)
+    ax_alloc.set_title("GPU allocation ratio")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

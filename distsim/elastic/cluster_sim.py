@@ -34,6 +34,8 @@ class ClusterSimResult:
     allocated: list[tuple[float, int]] = field(default_factory=list)
     """(time, GPUs allocated from then on)."""
     grants: list[tuple[float, Grant]] = field(default_factory=list)
+    peak: dict[str, int] = field(default_factory=dict)
+    """Most GPUs of each type allocated at once (never above the cluster's)."""
 
     @property
     def jct_s(self) -> list[float]:
@@ -131,6 +133,8 @@ def simulate_cluster(jobs: Sequence[Job], gpus: Mapping[str, int], scheduler: st
                 alloc[j] = counts
                 thr[j] = est(active[j], counts)[0]
         res.grants.extend((t, g) for g in grants)
+        for g in gpus:
+            res.peak[g] = max(res.peak.get(g, 0), sum(c.get(g, 0) for c in alloc.values()))
         in_use = sum(sum(c.values()) for c in alloc.values())
         if not res.allocated or res.allocated[-1][1] != in_use:
             res.allocated.append((t, in_use))

@@ -54,7 +54,7 @@ class Job:
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.max_workers < 1:
-            raise TraceError(f"job {self.job_id}: gpus and max_workers must be >= 1, got {self.gpus}, {self.max_workers}")
+            raise TraceError(f"job {self.job_id}: gpus and max_workers must be >= 1")
         if self.duration_s <= 0 or self.arrival_s < 0:
             raise TraceError(f"job {self.job_id}: needs duration_s > 0 and arrival_s >= 0")
         if not any(c > 0 for c in self.capabilities.values()):

@@ -34,6 +34,7 @@ from distsim.elastic.jobs import Job
 
 Counts = dict[str, int]
 Estimate = Callable[[Job, Mapping[str, int]], tuple[float, Counts]]
+Key = tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Grant:
     score: float | None = None
 
 
-def _key(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+def _key(counts: Mapping[str, int]) -> Key:
     return tuple(sorted((t, n) for t, n in counts.items() if n > 0))
 
 
@@ -59,7 +60,7 @@ def linear_estimate(job: Job, counts: Mapping[str, int]) -> tuple[float, Counts]
 
 
 @lru_cache(maxsize=200_000)
-def _planned(max_workers: int, caps: tuple[tuple[str, float], ...], counts: tuple[tuple[str, int], ...]) -> tuple[float, tuple[tuple[str, int], ...]]:  # fmt: skip
+def _planned(max_workers: int, caps: tuple[tuple[str, float], ...], counts: Key) -> tuple[float, Key]:
     from distsim.elastic.planner import plan_elastic
 
     capabilities = {t: c for t, c in caps if c > 0}
