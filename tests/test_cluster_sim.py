@@ -17,8 +17,8 @@ DATA = Path(__file__).parent / "data"
 CAPS = {"V100": 10.0, "T4": 5.0}
 
 
-def job(name: str, arrival_s: float, gpus: int, duration_s: float, max_workers: int | None = None) -> Job:
-    return Job(name, arrival_s, gpus, max_workers or gpus, duration_s, "hand", CAPS)
+def job(name: str, arrival_s: float, gpus: int, duration_s: float, gpu_type: str | None = None) -> Job:
+    return Job(name, arrival_s, gpus, gpus, duration_s, "hand", CAPS, gpu_type)
 
 
 @pytest.mark.parametrize("estimate", ["linear", "planner"])
@@ -68,11 +68,20 @@ def test_yarn_cs_blocks_behind_the_head_of_the_queue() -> None:
     assert res.finish_s["J3"] == pytest.approx(120.0)
 
 
+def test_yarn_cs_waits_for_the_pinned_type() -> None:
+    # V100:2, T4:2. J1 takes V100:2 for 100 s. J2 (t=10, 2 GPUs, 50 s at 2 x 10/s = work 1000):
+    # any type: T4:2 at once, 1000 / (2 x 5) = 100 s, done at 110; pinned to V100: waits for J1, done at 150.
+    free_type = simulate_cluster([job("J1", 0, 2, 100), job("J2", 10, 2, 50)], {"V100": 2, "T4": 2}, "yarn-cs")
+    pinned = simulate_cluster([job("J1", 0, 2, 100), job("J2", 10, 2, 50, "V100")], {"V100": 2, "T4": 2}, "yarn-cs")
+    assert free_type.finish_s["J2"] == pytest.approx(110.0)
+    assert pinned.finish_s["J2"] == pytest.approx(150.0)
+
+
 @pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_invariants(scheduler: str, seed: int) -> None:
     gpus = {"V100": 8, "P100": 4, "T4": 4}
-    jobs = [j for j in generate(40, seed, mean_gap_s=10) if j.gpus <= 8]
+    jobs = [j for j in generate(40, seed, mean_gap_s=10) if j.gpus <= 4]  # a gang fits its pinned type
     res = simulate_cluster(jobs, gpus, scheduler)
     assert set(res.finish_s) == {j.job_id for j in jobs}  # every job finishes
     assert all(res.peak[t] <= gpus[t] for t in gpus)  # never more GPUs of a type than the cluster has
@@ -99,8 +108,8 @@ def test_csv_round_trip(tmp_path: Path) -> None:
     jobs = generate(5, seed=3)
     write_csv(jobs, str(tmp_path / "t.csv"))
     back = read_csv(str(tmp_path / "t.csv"))
-    assert [(j.job_id, j.gpus, j.model, dict(j.capabilities)) for j in back] == [
-        (j.job_id, j.gpus, j.model, MODELS[j.model]) for j in jobs
+    assert [(j.job_id, j.gpus, j.model, dict(j.capabilities), j.gpu_type) for j in back] == [
+        (j.job_id, j.gpus, j.model, MODELS[j.model], j.gpu_type) for j in jobs
     ]
 
 

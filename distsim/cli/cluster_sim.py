@@ -18,10 +18,10 @@ COMPARED = ("yarn-cs", "easyscale-homo", "easyscale")
 # EasyScale Sec. 5.2 (artifact CSV: mean JCT 8904.97 / 1070.50 / 676.75 s, makespan 16560 / 6720 / 6000 s)
 PAPER_SPEEDUP = {"easyscale-homo": (8.3, 2.5), "easyscale": (13.2, 2.8)}
 WHY = (
-    "The paper's trace (Philly arrivals, Alibaba runtimes) is not published and its YARN-CS jobs wait for their own "
-    "GPU type; here YARN-CS takes the fastest type with a free gang, the synthetic jobs are lighter, and EasyScale "
-    "never scales a job in or moves it off a slow GPU, so the queueing that EasyScale removes is a smaller share of "
-    "the JCT and the last long job sets the makespan."
+    "Why they differ: the paper's trace (Philly arrivals, Alibaba runtimes) is not published, so the synthetic one's "
+    "load and runtimes are assumptions; YARN-CS gangs wait for the GPU type each job requires, and a job pinned to a "
+    "slower type runs longer; EasyScale here rescales for free but never scales a job in or moves it off a slow GPU, "
+    "so the last long job sets the makespan."
 )
 
 

@@ -13,12 +13,14 @@ over time (allocated GPUs / cluster GPUs), whose time-weighted mean is reported.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from distsim.elastic.jobs import Job, TraceError
 from distsim.elastic.scheduler import ESTIMATES, SCHEDULERS, Estimate, Grant, Scheduler
 from distsim.errors import DistsimError, suggest
+
+Capability = Callable[[Job], Mapping[str, float]]
 
 
 @dataclass
@@ -85,15 +87,24 @@ def _check(jobs: Sequence[Job], gpus: Mapping[str, int], scheduler: Scheduler) -
         usable = [t for t, c in job.capabilities.items() if c > 0 and gpus.get(t, 0) > 0]
         if not usable:
             raise TraceError(f"job {job.job_id} can use none of the cluster's GPU types ({', '.join(gpus)})")
+        if scheduler.gang and job.gpu_type is not None and gpus.get(job.gpu_type, 0) < job.gpus:
+            raise TraceError(f"job {job.job_id} asks for {job.gpus} {job.gpu_type} GPUs; the cluster has "
+                             f"{gpus.get(job.gpu_type, 0)}")  # fmt: skip
         if scheduler.gang and max(gpus[t] for t in usable) < job.gpus:
             raise TraceError(f"job {job.job_id} asks for a gang of {job.gpus} GPUs, more than any one type has "
                              f"({', '.join(f'{t}:{gpus[t]}' for t in usable)})")  # fmt: skip
 
 
 def simulate_cluster(jobs: Sequence[Job], gpus: Mapping[str, int], scheduler: str = "easyscale",
-                     estimate: str | Estimate = "planner", round_s: float = 60.0) -> ClusterSimResult:  # fmt: skip
-    """Run `jobs` on a cluster of `gpus` (type -> count) under the named scheduler; see the module docstring."""
+                     estimate: str | Estimate = "planner", round_s: float = 60.0,
+                     capability: Capability | None = None) -> ClusterSimResult:  # fmt: skip
+    """Run `jobs` on a cluster of `gpus` (type -> count) under the named scheduler; see the module docstring.
+
+    `capability(job)`, when given, replaces each job's capabilities (C_i per GPU type) before the run, e.g. with the
+    simulator's mini-batches/s for its model on each GPU type instead of the trace's figures."""
     policy = get_scheduler(scheduler)
+    if capability is not None:
+        jobs = [replace(j, capabilities=dict(capability(j))) for j in jobs]
     est = ESTIMATES[estimate] if isinstance(estimate, str) else estimate
     gpus = {t: n for t, n in gpus.items() if n > 0}
     _check(jobs, gpus, policy)

@@ -9,7 +9,8 @@ fastest GPU type; its work is that runtime times the gang's throughput (``gpus x
 Readers are the only code here that touches files.
 
 * ``*.csv``: the synthetic format (:func:`read_csv`, written by :func:`write_csv`), one job per row with columns
-  ``job_id, arrival_s, gpus, max_workers, duration_s, model`` and one ``cap_<TYPE>`` column per GPU type.
+  ``job_id, arrival_s, gpus, max_workers, duration_s, model``, one ``cap_<TYPE>`` column per GPU type and an
+  optional ``gpu_type`` (the type YARN-CS must give the job; empty: any).
 * ``*.json``: the Philly ``cluster_job_log`` (github.com/msr-fiddle/philly-traces), a list of jobs with ``jobid``,
   ``submitted_time``, ``attempts`` [{``start_time``, ``end_time``, ``detail`` [{``ip``, ``gpus`` [...]}]}],
   ``status``, ``user``, ``vc``. Mapping (:func:`read_philly`): arrival = submitted_time minus the first job's;
@@ -51,6 +52,8 @@ class Job:
     model: str
     capabilities: Mapping[str, float] = field(default_factory=dict)
     """Mini-batches/s one GPU of each type sustains for this job (EasyScale's C_i); 0 or absent: cannot use it."""
+    gpu_type: str | None = None
+    """The GPU type a gang scheduler must give it (YARN-CS "based on its requirement"); None: the fastest that fits."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.max_workers < 1:
@@ -59,6 +62,8 @@ class Job:
             raise TraceError(f"job {self.job_id}: needs duration_s > 0 and arrival_s >= 0")
         if not any(c > 0 for c in self.capabilities.values()):
             raise TraceError(f"job {self.job_id}: no GPU type with a positive capability")
+        if self.gpu_type is not None and self.capabilities.get(self.gpu_type, 0) <= 0:
+            raise TraceError(f"job {self.job_id}: requires {self.gpu_type} but has no capability on it")
 
     @property
     def work(self) -> float:
@@ -93,7 +98,7 @@ def read_csv(path: str) -> list[Job]:
         try:
             caps = {k[4:]: float(v) for k, v in row.items() if k.startswith("cap_") and v not in ("", None)}
             jobs.append(Job(row["job_id"], float(row["arrival_s"]), int(row["gpus"]), int(row["max_workers"]),
-                            float(row["duration_s"]), row["model"], caps))  # fmt: skip
+                            float(row["duration_s"]), row["model"], caps, row.get("gpu_type") or None))  # fmt: skip
         except (ValueError, TypeError) as exc:
             raise TraceError(f"{path}:{i}: {exc}") from None
     return sorted(jobs, key=lambda j: j.arrival_s)
@@ -101,12 +106,15 @@ def read_csv(path: str) -> list[Job]:
 
 def write_csv(jobs: Sequence[Job], path: str) -> None:
     types = sorted({t for j in jobs for t in j.capabilities})
+    pinned = any(j.gpu_type for j in jobs)
     with open(path, "w", encoding="utf-8", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["job_id", "arrival_s", "gpus", "max_workers", "duration_s", "model", *(f"cap_{t}" for t in types)])
+        w.writerow(["job_id", "arrival_s", "gpus", "max_workers", "duration_s", "model", *(f"cap_{t}" for t in types),
+                    *(["gpu_type"] if pinned else [])])  # fmt: skip
         for j in jobs:
             w.writerow([j.job_id, f"{j.arrival_s:.1f}", j.gpus, j.max_workers, f"{j.duration_s:.1f}", j.model,
-                        *(f"{j.capabilities.get(t, 0.0):g}" for t in types)])  # fmt: skip
+                        *(f"{j.capabilities.get(t, 0.0):g}" for t in types),
+                        *([j.gpu_type or ""] if pinned else [])])  # fmt: skip
 
 
 def _philly_time(value: Any) -> float | None:

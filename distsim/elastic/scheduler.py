@@ -17,7 +17,8 @@ the grants it made, in order. Schedulers are a registry (:data:`SCHEDULERS`); th
 ``easyscale-homo`` is the paper's EasyScale_homo: a job's plans are constrained to the GPU type it started on.
 
 **YARN-CS** (Apache YARN's capacity scheduler as Philly ran it): FIFO with gang scheduling; the head job gets its
-requested number of GPUs, all of one type (the fastest type with that many free), or waits, and so does every job
+requested number of GPUs, all of one type (the job's ``gpu_type`` if the trace pins one, else the fastest type
+with that many free), or waits, and so does every job
 behind it (head-of-line blocking). A job keeps its gang until it finishes.
 
 A throughput estimate ``estimate(job, counts) -> (mini-batches/s, counts used)`` is EasyScale's Eq. 1 planner
@@ -156,8 +157,8 @@ class YarnCS:
         for job in jobs:
             if new.get(job.job_id):
                 continue
-            t = _fastest(job, left, job.gpus)
-            if t is None:
+            t = _fastest(job, left, job.gpus) if job.gpu_type is None else job.gpu_type
+            if t is None or left.get(t, 0) < job.gpus:
                 break  # the head of the queue waits, and everything behind it
             new[job.job_id] = {t: job.gpus}
             left[t] -= job.gpus

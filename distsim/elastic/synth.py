@@ -7,7 +7,11 @@ jobs; neither is published with the paper, so this generator draws:
 * gang sizes (GPUs requested, = maxP ESTs): 1, 2, 4, 8, 16 GPUs with probabilities ``SIZE_PROBS`` (most jobs
   small, a few large, as in Philly and PAI);
 * runtimes at the requested gang: log-normal (median ``median_s``, sigma ``sigma``), clipped to [60 s, 8 h];
-* models: uniform over the eight workloads of EasyScale's Table 1, with capabilities per GPU type in ``MODELS``.
+* models: uniform over the eight workloads of EasyScale's Table 1, with capabilities per GPU type in ``MODELS``;
+* the GPU type each job requires of a gang scheduler (YARN-CS "allocates the same type of GPUs ... based on its
+  requirement"): drawn in proportion to the cluster's GPUs, ``TYPE_SHARES`` (V100 1/2, P100 1/4, T4 1/4), from a
+  second seeded stream so the other draws do not depend on it (``pin_types=False`` leaves it out). A job's runtime
+  is at its gang on the fastest type, so a job pinned to a slower type runs longer under YARN-CS.
 
 ``MODELS`` gives mini-batches/s per GPU. The V100 figure is a per-model assumption; P100 and T4 scale it by vendor
 ratios: compute-bound models by FP32 peak (V100 15.7, P100 9.3, T4 8.1 TFLOPS: 0.59 and 0.52), memory-bound ones
@@ -45,12 +49,14 @@ MODELS: dict[str, dict[str, float]] = {
 """Mini-batches/s per GPU of each type, per model (V100 assumed, P100/T4 by vendor ratios)."""
 
 SIZE_PROBS = {1: 0.45, 2: 0.2, 4: 0.15, 8: 0.15, 16: 0.05}
+TYPE_SHARES = {"V100": 0.5, "P100": 0.25, "T4": 0.25}
 
 
 def generate(jobs: int, seed: int = 0, mean_gap_s: float = 20.0, median_s: float = 400.0,
-             sigma: float = 1.0) -> list[Job]:  # fmt: skip
+             sigma: float = 1.0, pin_types: bool = True) -> list[Job]:  # fmt: skip
     """`jobs` jobs drawn as the module says, reproducibly from `seed`."""
-    rng = random.Random(seed)
+    rng, type_rng = random.Random(seed), random.Random(seed * 7919 + 1)
+    types = list(TYPE_SHARES)
     names, sizes = sorted(MODELS), list(SIZE_PROBS)
     t, out = 0.0, []
     for k in range(jobs):
@@ -59,7 +65,9 @@ def generate(jobs: int, seed: int = 0, mean_gap_s: float = 20.0, median_s: float
         gpus = rng.choices(sizes, weights=[SIZE_PROBS[s] for s in sizes])[0]
         duration = min(max(rng.lognormvariate(0.0, sigma) * median_s, 60.0), 8 * 3600.0)
         model = rng.choice(names)
-        out.append(Job(f"job{k:04d}", round(t, 1), gpus, gpus, round(duration, 1), model, dict(MODELS[model])))
+        pinned = type_rng.choices(types, weights=[TYPE_SHARES[x] for x in types])[0]
+        out.append(Job(f"job{k:04d}", round(t, 1), gpus, gpus, round(duration, 1), model, dict(MODELS[model]),
+                       pinned if pin_types else None))  # fmt: skip
     return out
 
 
@@ -71,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=4)
     ap.add_argument("--mean-gap-s", type=float, default=20.0)
     ap.add_argument("--median-s", type=float, default=400.0)
+    ap.add_argument("--any-type", action="store_true", help="do not pin a GPU type per job")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    write_csv(generate(args.jobs, args.seed, args.mean_gap_s, args.median_s), args.out)
+    write_csv(generate(args.jobs, args.seed, args.mean_gap_s, args.median_s, pin_types=not args.any_type), args.out)
 
 
 if __name__ == "__main__":
