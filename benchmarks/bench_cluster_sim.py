@@ -1,9 +1,9 @@
 """Speed of the cluster-trace simulation (``distsim cluster-sim``).
 
 A 1,000-job synthetic trace (``distsim.elastic.synth.generate(1000, seed=0)``: Poisson arrivals 20 s apart on
-average, 1-16 GPU gangs, log-normal runtimes) on 64 GPUs (V100:32, P100:16, T4:16), simulated under YARN-CS,
-EasyScale-homo and EasyScale (each with the Eq. 1 planner as its throughput estimate, its cache cleared first, so
-every plan is computed). Target: under 10 s for each.
+average, 1-16 GPU gangs each requiring a GPU type of YARN-CS, log-normal runtimes) on 64 GPUs (V100:32, P100:16,
+T4:16), simulated under YARN-CS, EasyScale-homo and EasyScale (each with the Eq. 1 planner as its throughput
+estimate, its cache cleared first, so every plan is computed). Target: under 10 s for each.
 
 Measured only when /tmp/distsim-bench does not exist (another benchmark is not running): the script creates it while
 it measures and deletes it after.
