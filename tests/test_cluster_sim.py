@@ -167,3 +167,13 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], args: list[
     assert code == 2
     assert needle in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_capability_hook_replaces_the_trace_figures() -> None:
+    # A runtime is at the gang on the fastest type, so capabilities set the types' relative speeds. On T4s only:
+    # trace figures (V100 10, T4 5): 100 s x 2 x 10 = 2000 mini-batches at 2 x 5/s = 200 s; a hook that makes a T4 as
+    # fast as a V100: 100 s.
+    jobs = [job("J1", 0, 2, 100)]
+    assert simulate_cluster(jobs, {"T4": 2}, "yarn-cs").finish_s["J1"] == pytest.approx(200.0)
+    same = simulate_cluster(jobs, {"T4": 2}, "yarn-cs", capability=lambda j: {"V100": 10.0, "T4": 10.0})
+    assert same.finish_s["J1"] == pytest.approx(100.0)
