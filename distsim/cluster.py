@@ -433,4 +433,8 @@ def gpu_type(name: str) -> tuple[str, GPU]:
     key = name.strip().upper()
     if key in GPUS:
         return key, GPUS[key]
-    raise UnknownNameError(f"unknown GPU type {name!r}{suggest(key.lower(), [k.lower() for k in GPUS])}")
+    import difflib
+
+    close = difflib.get_close_matches(key, list(GPUS), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(GPUS)}"
+    raise UnknownNameError(f"unknown GPU type {name!r}{hint}")

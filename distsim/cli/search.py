@@ -79,4 +79,4 @@ def search() -> None:
     """
 
 
-from distsim.cli import search_dapple, search_deeppool, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`
+from distsim.cli import search_dapple, search_deeppool, search_elastic, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`
