@@ -283,3 +283,16 @@ def test_cli_bad_input_is_one_line(capsys, args, message):
     rc, _out, err = run(["search", "elastic", "--model", "resnet50", *args], capsys)
     assert rc == 2
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_named_gpu_type_is_a_valid_single_gpu_machine():
+    from distsim.cluster import GPUS, gpu_type
+    from distsim.elastic.capability import capability, single_gpu_cluster
+    from distsim.io import load_model
+
+    model = load_model("resnet50")
+    rates = {name: capability(model, name, 32) for name in GPUS}
+    assert all(r > 0 for r in rates.values())
+    assert single_gpu_cluster("t4").gpu.memory_bytes == 16e9 and gpu_type("v100")[1].memory_bytes == 32e9
+    # more tensor FLOP/s and bandwidth, more mini-batches/s: H100 > A100 > V100
+    assert rates["H100"] > rates["A100"] > rates["V100"]
