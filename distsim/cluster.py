@@ -240,6 +240,31 @@ V100_16GB = GPU(
     **_MEASURED_H100,
 )  # V100 datasheet (125 TF tensor, 15.7 TF FP32, 900 GB/s) and Volta whitepaper (80 SMs, 1530 MHz); DAPPLE Table
 # VIII: 16 GB
+V100_32GB = replace(V100_16GB, name="V100-SXM2-32GB", memory_bytes=32 * GB)
+# the 32 GB V100-SXM2 (same datasheet figures): EasyScale's V100s (its Sec. 6.3 fills "the 32GB V100 memory")
+P100_16GB = GPU(
+    "P100-SXM2-16GB",
+    21.2 * TFLOPS,
+    16 * GB,
+    732 * GB,
+    sm_count=56,
+    clock_hz=1.48e9,
+    fp32_flops_per_s=10.6 * TFLOPS,
+    **_MEASURED_H100,
+)  # Tesla P100 SXM2 datasheet: FP16 21.2 TF (no tensor cores; 2x FP32 via half2), FP32 10.6 TF, 732 GB/s, 16 GB;
+# Pascal GP100 whitepaper: 56 SMs at 1480 MHz boost x 64 FP32 cores x 2 (FMA) x 2 (half2) = 21.2 TF
+T4_16GB = GPU(
+    "T4",
+    65 * TFLOPS,
+    16 * GB,
+    320 * GB,
+    sm_count=40,
+    clock_hz=1.59e9,
+    fp32_flops_per_s=8.1 * TFLOPS,
+    **_MEASURED_H100,
+)  # NVIDIA T4 datasheet: FP16 tensor 65 TF (mixed precision), FP32 8.1 TF, 320 GB/s GDDR6, 16 GB; Turing TU104
+# (Turing whitepaper): 40 SMs x 8 tensor cores x 128 FLOPs/clock at 1590 MHz boost = 65.1 TF; its 70 W cap
+# throttles the clock under sustained load, which this peak does not model
 A100_80GB = GPU(
     "A100-SXM4-80GB",
     312 * TFLOPS,
@@ -387,3 +412,29 @@ def get_cluster(name: str) -> Cluster:
         return PRESETS[name.lower()]
     except KeyError:
         raise UnknownNameError(f"unknown cluster {name!r}{suggest(name, list(PRESETS))}") from None
+
+
+_GPUS: dict[str, GPU] = {
+    "A10": A10,
+    "A40": A40,
+    "A100": A100_80GB,
+    "H100": H100_80GB,
+    "P100": P100_16GB,
+    "T4": T4_16GB,
+    "V100": V100_32GB,
+    "V100-16GB": V100_16GB,
+}
+GPUS = MappingProxyType(_GPUS)
+"""GPU types by short name (``distsim search elastic --gpus V100:4,T4:8``)."""
+
+
+def gpu_type(name: str) -> tuple[str, GPU]:
+    """A built-in GPU type by short name, case-insensitive: (its canonical name, the GPU)."""
+    key = name.strip().upper()
+    if key in GPUS:
+        return key, GPUS[key]
+    import difflib
+
+    close = difflib.get_close_matches(key, list(GPUS), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(GPUS)}"
+    raise UnknownNameError(f"unknown GPU type {name!r}{hint}")

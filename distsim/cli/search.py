@@ -1,7 +1,7 @@
 """``distsim search``: the group of search drivers, and the options and helpers they share.
 
 Each driver's command lives in its own module (``search_grid``, ``search_dapple``, ``search_deeppool``,
-``search_merge``) and registers
+``search_merge``, ``search_elastic``) and registers
 on :data:`search`.
 """
 
@@ -66,8 +66,8 @@ def shared_options(f: Any) -> Any:
 
 @cli.group()
 def search() -> None:
-    """Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, or MG-WFBP's
-    gradient merging.
+    """Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, MG-WFBP's
+    gradient merging, or EasyScale's placement of elastic workers on heterogeneous GPUs.
 
     \b
     Examples:
@@ -75,8 +75,9 @@ def search() -> None:
       distsim search dapple --model bert-exlarge --cluster dapple-a --global-batch 64
       distsim search merge --model resnet50 --cluster v100-10gbe --micro-batch-size 32
       distsim search deeppool --model vgg16 --cluster dgx-a100 --nodes 1 --global-batch 32
-    Each writes its plan as a file that `distsim simulate --plan FILE` simulates.
+      distsim search elastic --model resnet50 --max-workers 16 --gpus V100:4,T4:8
+    The first four write their plan as a file that `distsim simulate --plan FILE` simulates.
     """
 
 
-from distsim.cli import search_dapple, search_deeppool, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`
+from distsim.cli import search_dapple, search_deeppool, search_elastic, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`

@@ -1,0 +1,152 @@
+"""``distsim search elastic``: EasyScale's intra-job planner, ESTs on heterogeneous GPUs (Li et al., ALGORITHMS.md
+5.2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import click
+
+from distsim.cli.search import search
+from distsim.errors import DistsimError
+
+
+def parse_type_map(text: str, option: str, cast: type) -> dict[str, Any]:
+    """'V100:4,T4:8' -> {'V100': 4, 'T4': 8} (canonical GPU type names); anything else is one line naming the option."""
+    from distsim.cluster import gpu_type
+
+    example = "V100:4,T4:8" if cast is int else "V100:10.5,T4:3.2"
+    out: dict[str, Any] = {}
+    for item in (x.strip() for x in text.split(",")):
+        name, sep, value = item.partition(":")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            v = cast(value)
+        except ValueError:
+            raise DistsimError(f"{option} takes TYPE:{'COUNT' if cast is int else 'RATE'} pairs, e.g. {example}; "
+                               f"got {text!r}") from None  # fmt: skip
+        key = gpu_type(name)[0]
+        if key in out:
+            raise DistsimError(f"{option} names {key} twice: {text!r}")
+        if cast is int and v < 0:
+            raise DistsimError(f"{option}: {key} count must be >= 0, got {v}")
+        if cast is float and not (math.isfinite(v) and v > 0):
+            raise DistsimError(f"{option}: {key} capability must be a positive number of mini-batches/s, got {value}")
+        out[key] = v
+    return out
+
+
+@search.command()
+@click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE",
+              help="Zoo model (see `distsim models`) or a YAML/JSON model file.")  # fmt: skip
+@click.option("--max-workers", "-P", "max_workers", type=int, required=True, metavar="P",
+              help="maxP: the job's ESTs (logical data-parallel workers), fixed whatever the GPUs.")  # fmt: skip
+@click.option("--gpus", "gpus_text", required=True, metavar="TYPE:N,...",
+              help="Available GPUs per type, e.g. V100:4,T4:8 (types: A10, A40, A100, H100, P100, T4, V100, "
+                   "V100-16GB).")  # fmt: skip
+@click.option("--micro-batch-size", "-b", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Samples per EST mini-batch: the batch of the simulated single-GPU iteration.")  # fmt: skip
+@click.option("--capabilities", "capabilities_text", metavar="TYPE:RATE,...",
+              help="Capabilities C_i in mini-batches/s (e.g. measured ones), replacing the simulated ones for the "
+                   "types named.")  # fmt: skip
+@click.option("--waste-cut", type=float, default=0.30, show_default=True,
+              help="Drop plans whose normalised waste (waste / the GPUs' summed capability) exceeds this.")  # fmt: skip
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Plans to print (0: all).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table.")
+def elastic(**kw: Any) -> None:
+    """EasyScale's intra-job planner: how many GPUs of each type host the job's maxP ESTs, and how many ESTs each.
+
+    A GPU of type i runs C_i mini-batches/s of this job (its capability: by default 1 / the simulated iteration of
+    the model alone on one such GPU at --micro-batch-size; --capabilities gives measured ones). With N_i GPUs of
+    type i hosting A_i ESTs each, a global step takes f = max A_i / C_i, the job trains maxP / f mini-batches/s,
+    and the waste (Eq. 1c, each GPU counted: N_i (C_i - A_i/f), plus idle EST slots) is what the GPUs could do
+    beyond that. Every minimal set of available GPUs is planned at its fastest mapping; plans wasting more than
+    --waste-cut of their capability are dropped, the rest ranked by throughput, then fewer GPUs.
+
+    \b
+    16 ESTs of ResNet-50 on 4 V100 and 8 T4:
+      distsim search elastic --model resnet50 --max-workers 16 --gpus V100:4,T4:8
+    With measured capabilities:
+      distsim search elastic --model resnet50 --max-workers 8 --gpus V100:2,P100:4 --capabilities V100:10.5,P100:4.1
+    """
+    from distsim.elastic.capability import Capability, measure
+    from distsim.elastic.planner import cut_plans, enumerate_plans
+    from distsim.io import load_model
+
+    if kw["max_workers"] < 1:
+        raise DistsimError(f"--max-workers (maxP) must be >= 1, got {kw['max_workers']}")
+    if not 0 <= kw["waste_cut"] <= 1:
+        raise DistsimError(f"--waste-cut is a fraction in [0, 1], got {kw['waste_cut']}")
+    available = parse_type_map(kw["gpus_text"], "--gpus", int)
+    given = parse_type_map(kw["capabilities_text"], "--capabilities", float) if kw["capabilities_text"] else {}
+    extra = sorted(set(given) - set(available))
+    if extra:
+        raise DistsimError(f"--capabilities names {', '.join(extra)}, which --gpus does not offer")
+    model = load_model(kw["model_name"])
+    caps: dict[str, Capability] = {}
+    for t in available:
+        if t in given:
+            caps[t] = Capability(t, given[t], None, None, None, "given (--capabilities)")
+        else:
+            caps[t] = measure(model, t, kw["micro_batch_size"])
+    rates = {t: c.per_s for t, c in caps.items()}
+    everything = enumerate_plans(kw["max_workers"], rates, available)
+    plans = cut_plans(everything, kw["waste_cut"])
+    shown = plans if kw["top"] == 0 else plans[: kw["top"]]
+    if kw["as_json"]:
+        click.echo(json.dumps({
+            "model": model.name, "max_workers": kw["max_workers"], "micro_batch_size": kw["micro_batch_size"],
+            "available": available, "capabilities": {t: c.to_dict() for t, c in caps.items()},
+            "waste_cut": kw["waste_cut"], "planned": len(everything), "cut": len(everything) - len(plans),
+            "plans": [p.to_dict() for p in shown],
+        }, indent=2))  # fmt: skip
+        return
+    if not plans:
+        why = "none left after the waste cut" if everything else "no GPUs available"
+        raise DistsimError(f"no elastic plan for {kw['max_workers']} ESTs on {kw['gpus_text']}: {why} "
+                           f"({len(everything)} planned; --waste-cut {kw['waste_cut']})")  # fmt: skip
+    click.echo(_report(model.name, kw, available, caps, everything, plans, shown))
+
+
+def _report(model: str, kw: dict[str, Any], available: dict[str, int], caps: dict[str, Any], everything: list[Any],
+            plans: list[Any], shown: list[Any]) -> str:  # fmt: skip
+    import pandas as pd
+
+    p = kw["max_workers"]
+    lines = [f"{model}, maxP = {p} ESTs of {kw['micro_batch_size']} samples, on "
+             f"{', '.join(f'{n} {t}' for t, n in available.items())}; capabilities C_i:"]  # fmt: skip
+    for t, c in caps.items():
+        memory = "" if c.fits else (f"; one EST needs {c.peak_memory_bytes / 1e9:.1f} GB, over the GPU's "
+                                    f"{c.memory_bytes / 1e9:.0f} GB")  # fmt: skip
+        lines.append(f"  {t:<6} {c.per_s:10.3f} mini-batches/s  ({c.source}{memory})")
+    cut = len(everything) - len(plans)
+    lines += [
+        f"{len(everything)} plans (minimal GPU sets at their fastest mapping); {cut} cut for normalised waste over "
+        f"{kw['waste_cut']:.2f}; {len(plans)} ranked by throughput, then fewer GPUs"
+        + (f" (the best {len(shown)} shown):" if len(shown) < len(plans) else ":"),
+        "",
+    ]
+    types = list(available)
+    rows = []
+    for rank, plan in enumerate(shown, 1):
+        row: dict[str, Any] = {"#": rank}
+        for t in types:
+            row[t] = f"{plan.counts[t]}x{plan.ests[t]}" if t in plan.counts else "-"
+        row |= {
+            "GPUs": plan.gpus,
+            "ESTs": f"{plan.est_slots}" + (f" ({plan.est_slots - p} idle)" if plan.est_slots > p else ""),
+            "step_ms": f"{plan.step_s * 1e3:.2f}",
+            "minibatch/s": f"{plan.throughput:.3f}",
+            "waste/s": f"{plan.waste:.3f}",
+            "norm_waste": f"{plan.normalized_waste:.3f}",
+        }
+        rows.append(row)
+    with pd.option_context("display.width", 250):
+        lines.append(pd.DataFrame(rows).to_string(index=False))
+    lines += ["", "TYPE NxA: N GPUs of that type, A ESTs on each; step = max A / C_i; throughput = maxP / step; "
+              "waste = sum N (C_i - A/step) + idle ESTs / step (Eq. 1c per GPU)"]  # fmt: skip
+    return "\n".join(lines)
