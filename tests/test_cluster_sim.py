@@ -27,7 +27,7 @@ def test_easyscale_grant_order_on_three_jobs(estimate: str) -> None:
     # A (P=4) runs on V100:2, B (P=2) on V100:1, C (P=4) waits: free V100:4, T4:2.
     a, b, c = job("A", 0, 4, 100), job("B", 1, 2, 100), job("C", 2, 4, 100)
     alloc = {"A": {"V100": 2}, "B": {"V100": 1}}
-    new, grants = SCHEDULERS["easyscale"].schedule([a, b, c], alloc, {"V100": 4, "T4": 2}, ESTIMATES[estimate])
+    new, grants = SCHEDULERS["easyscale"].schedule([a, b, c], alloc, {"V100": 4, "T4": 2}, ESTIMATES[estimate]())
     # 1. initial proposals, FIFO: C gets one V100 (the fastest type with a free GPU); free V100:3, T4:2.
     # 2. increments (thr = sum N_i C_i here; the planner agrees where the ESTs divide evenly, and it leaves a third
     #    V100 of A idle, so A's +1 V100 is not proposed under it):
@@ -42,9 +42,9 @@ def test_easyscale_grant_order_on_three_jobs(estimate: str) -> None:
 
 def test_easyscale_homo_keeps_a_job_on_its_type() -> None:
     # A on V100:1 (P=2) with no free V100: the heterogeneous scheduler adds a T4 (10 -> 15, score 0.5), homo cannot.
-    a = job("A", 0, 2, 100)
-    _, hetero = SCHEDULERS["easyscale"].schedule([a], {"A": {"V100": 1}}, {"V100": 0, "T4": 2}, ESTIMATES["linear"])
-    _, homo = SCHEDULERS["easyscale-homo"].schedule([a], {"A": {"V100": 1}}, {"V100": 0, "T4": 2}, ESTIMATES["linear"])
+    a, linear = job("A", 0, 2, 100), ESTIMATES["linear"]()
+    _, hetero = SCHEDULERS["easyscale"].schedule([a], {"A": {"V100": 1}}, {"V100": 0, "T4": 2}, linear)
+    _, homo = SCHEDULERS["easyscale-homo"].schedule([a], {"A": {"V100": 1}}, {"V100": 0, "T4": 2}, linear)
     assert hetero == [Grant("A", "T4", 1, 0.5)]
     assert homo == []
 

@@ -105,7 +105,7 @@ def simulate_cluster(jobs: Sequence[Job], gpus: Mapping[str, int], scheduler: st
     policy = get_scheduler(scheduler)
     if capability is not None:
         jobs = [replace(j, capabilities=dict(capability(j))) for j in jobs]
-    est = ESTIMATES[estimate] if isinstance(estimate, str) else estimate
+    est = ESTIMATES[estimate]() if isinstance(estimate, str) else estimate
     gpus = {t: n for t, n in gpus.items() if n > 0}
     _check(jobs, gpus, policy)
     order = sorted(jobs, key=lambda j: j.arrival_s)

@@ -22,14 +22,13 @@ with that many free), or waits, and so does every job
 behind it (head-of-line blocking). A job keeps its gang until it finishes.
 
 A throughput estimate ``estimate(job, counts) -> (mini-batches/s, counts used)`` is EasyScale's Eq. 1 planner
-(:func:`planner_estimate`) or, for hand-checkable cases, :func:`linear_estimate`.
+(:func:`planner_estimate` makes one) or, for hand-checkable cases, :func:`linear_estimate`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from distsim.elastic.jobs import Job
 
@@ -60,28 +59,36 @@ def linear_estimate(job: Job, counts: Mapping[str, int]) -> tuple[float, Counts]
     return sum(n * job.capabilities.get(t, 0.0) for t, n in used.items()), used
 
 
-@lru_cache(maxsize=200_000)
-def _planned(max_workers: int, caps: tuple[tuple[str, float], ...], counts: Key) -> tuple[float, Key]:
+def _planned(max_workers: int, capabilities: Mapping[str, float], counts: Key) -> tuple[float, Key]:
     from distsim.elastic.planner import plan_elastic
 
-    capabilities = {t: c for t, c in caps if c > 0}
-    available = {t: n for t, n in counts if t in capabilities}
+    available = {t: n for t, n in counts if capabilities.get(t, 0) > 0}
     if not available:
         return 0.0, ()
-    plans = plan_elastic(max_workers, capabilities, available)
+    plans = plan_elastic(max_workers, {t: c for t, c in capabilities.items() if c > 0}, available)
     if not plans:
         return 0.0, ()
     best = max(plans, key=lambda p: (p.throughput, -p.gpus))
     return best.throughput, _key(best.counts)
 
 
-def planner_estimate(job: Job, counts: Mapping[str, int]) -> tuple[float, Counts]:
-    """EasyScale's intra-job planner (Eqs. 1a-1d): the best plan's throughput on at most these GPUs, and its GPUs."""
-    thr, used = _planned(job.max_workers, tuple(sorted(job.capabilities.items())), _key(counts))
-    return thr, dict(used)
+def planner_estimate() -> Estimate:
+    """EasyScale's intra-job planner (Eqs. 1a-1d): the best plan's throughput on at most the given GPUs, and its
+    GPUs; memoised per (maxP, capabilities, GPUs) for the life of the returned function (one simulation)."""
+    cache: dict[tuple[int, tuple[tuple[str, float], ...], Key], tuple[float, Key]] = {}
+
+    def estimate(job: Job, counts: Mapping[str, int]) -> tuple[float, Counts]:
+        key = (job.max_workers, tuple(sorted(job.capabilities.items())), _key(counts))
+        if key not in cache:
+            cache[key] = _planned(job.max_workers, job.capabilities, key[2])
+        thr, used = cache[key]
+        return thr, dict(used)
+
+    return estimate
 
 
-ESTIMATES: dict[str, Estimate] = {"planner": planner_estimate, "linear": linear_estimate}
+ESTIMATES: dict[str, Callable[[], Estimate]] = {"planner": planner_estimate, "linear": lambda: linear_estimate}
+"""Throughput estimates by name; each entry makes a fresh estimate (with its own memo) for one simulation."""
 
 
 def _fastest(job: Job, free: Mapping[str, int], need: int) -> str | None:
