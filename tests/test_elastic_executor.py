@@ -28,10 +28,12 @@ def distsim(*args: str) -> subprocess.CompletedProcess[str]:
                           env=dict(os.environ))  # fmt: skip
 
 
-def elastic(tmp_path: Path, name: str, model: str, ranks: int, steps: int, *extra: str) -> dict[str, object]:
-    """Run `distsim execute --elastic` with 4 ESTs on `ranks` gloo ranks; the final parameters."""
+def elastic(
+    tmp_path: Path, name: str, model: str, ranks: int, steps: int, *extra: str, ests: int = 4
+) -> dict[str, object]:
+    """Run `distsim execute --elastic` with `ests` ESTs on `ranks` gloo ranks; the final parameters."""
     out = tmp_path / f"{name}.pt"
-    run = distsim("execute", "--elastic", "--max-workers", "4", "--model", model, "--steps", str(steps),
+    run = distsim("execute", "--elastic", "--max-workers", str(ests), "--model", model, "--steps", str(steps),
                   "--emulate-nodes", "1", "--procs-per-node", str(ranks), "--params-out", str(out), *extra)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "context switch per EST" in run.stderr
@@ -133,6 +135,13 @@ def test_bert_cpu_parameters_are_bit_identical_in_process_and_on_2_ranks(tmp_pat
 @pytest.mark.slow
 def test_small_bert_parameters_are_bit_identical_on_1_and_4_ranks(tmp_path: Path, d1_process: object) -> None:
     assert identical(params(straight(SMALL_BERT, 2)), elastic(tmp_path, "four", SMALL_BERT, 4, 2))
+
+
+@pytest.mark.slow
+def test_three_ests_on_two_ranks_are_bit_identical_to_one(tmp_path: Path, d1_process: object) -> None:
+    """Uneven blocks (ESTs 0 on rank 0, 1-2 on rank 1): rank 0 sends an unused padding slot, left out of the sum."""
+    want = params(straight(SMALL_BERT, 2, max_workers=3))
+    assert identical(want, elastic(tmp_path, "three", SMALL_BERT, 2, 2, ests=3))
 
 
 @pytest.mark.slow
