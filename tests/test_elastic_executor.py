@@ -17,7 +17,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim.errors import DistsimError  # noqa: E402
-from distsim.executor.elastic import ElasticTrainer, deterministic, est_range, save_checkpoint  # noqa: E402
+from distsim.executor.elastic import (  # noqa: E402
+    ElasticTrainer,
+    deterministic,
+    est_range,
+    initial_rng_state,
+    save_checkpoint,
+)
 from distsim.models import get_model  # noqa: E402
 
 SMALL_BERT = "bert-large:hidden=64,heads=4,layers=2,seq=32,vocab=512,precision=fp32"
@@ -50,9 +56,9 @@ def d1_process() -> object:
     torch.set_num_threads(threads)
 
 
-def straight(model: str, steps: int, max_workers: int = 4) -> ElasticTrainer:
+def straight(model: str, steps: int, max_workers: int = 4, mask: float = 0.0) -> ElasticTrainer:
     """`steps` global steps of `max_workers` ESTs in this process (one rank, no process group)."""
-    trainer = ElasticTrainer(get_model(model), max_workers, 0, 1)
+    trainer = ElasticTrainer(get_model(model), max_workers, 0, 1, mask_tokens=mask)
     for _ in range(steps):
         trainer.step()
     return trainer
@@ -79,20 +85,25 @@ def test_ests_are_split_into_contiguous_blocks_covering_all() -> None:
 
 
 def test_a_checkpoint_restores_the_run_bit_for_bit_in_process(d1_process: object) -> None:
-    """Two steps straight == one step, the on-demand checkpoint, a new trainer that loads it, one more step."""
+    """Two steps straight == one step, the on-demand checkpoint, a new trainer that loads it, one more step; with
+    token masking drawn from the ESTs' RNG streams, so the restored EST contexts matter."""
     model = get_model(SMALL_BERT)
-    straight = ElasticTrainer(model, 3, 0, 1)
+    straight = ElasticTrainer(model, 3, 0, 1, mask_tokens=0.15)
     straight.step()
     straight.step()
-    first = ElasticTrainer(model, 3, 0, 1)
+    first = ElasticTrainer(model, 3, 0, 1, mask_tokens=0.15)
     first.step()
     state = first.state()
-    resumed = ElasticTrainer(model, 3, 0, 1)
+    resumed = ElasticTrainer(model, 3, 0, 1, mask_tokens=0.15)
     resumed.load(state)
     assert resumed.step_index == 1
     resumed.step()
     assert identical(straight.named_params(), resumed.named_params())
     assert not identical(straight.named_params(), first.named_params())  # the step did change them
+    fresh = ElasticTrainer(model, 3, 0, 1, mask_tokens=0.15)  # the same parameters and Adam state, fresh RNG states
+    fresh.load({**state, "ests": [{"rng": initial_rng_state(0, e), "step": 1} for e in range(3)]})
+    fresh.step()
+    assert not identical(straight.named_params(), fresh.named_params())  # the masks came from the EST contexts
     with pytest.raises(DistsimError, match="max workers 3, this run has 2"):
         ElasticTrainer(model, 2, 0, 1).load(state)
 
@@ -134,7 +145,10 @@ def test_bert_cpu_parameters_are_bit_identical_in_process_and_on_2_ranks(tmp_pat
 
 @pytest.mark.slow
 def test_small_bert_parameters_are_bit_identical_on_1_and_4_ranks(tmp_path: Path, d1_process: object) -> None:
-    assert identical(params(straight(SMALL_BERT, 2)), elastic(tmp_path, "four", SMALL_BERT, 4, 2))
+    """With token masking: each EST draws its masks from its own RNG stream, on whichever rank it runs."""
+    want = params(straight(SMALL_BERT, 2, mask=0.15))
+    assert identical(want, elastic(tmp_path, "four", SMALL_BERT, 4, 2, "--mask-tokens", "0.15"))
+    assert not identical(want, params(straight(SMALL_BERT, 2)))  # the masks changed the training
 
 
 @pytest.mark.slow
@@ -147,11 +161,12 @@ def test_three_ests_on_two_ranks_are_bit_identical_to_one(tmp_path: Path, d1_pro
 @pytest.mark.slow
 def test_stop_on_one_rank_resume_on_two_is_bit_identical(tmp_path: Path, d1_process: object) -> None:
     """1 rank for 2 steps, on-demand checkpoint, 2 ranks for 2 more (checkpointing again: the EST contexts gathered
-    from both ranks) == 4 steps straight on 1 rank."""
+    from both ranks) == 4 steps straight on 1 rank; with token masking from the ESTs' RNG streams."""
     ckpt, again = tmp_path / "ckpt.pt", tmp_path / "again.pt"
-    save_checkpoint(straight(SMALL_BERT, 2), str(ckpt))
-    want = straight(SMALL_BERT, 4)
-    resumed = elastic(tmp_path, "resumed", SMALL_BERT, 2, 2, "--resume", str(ckpt), "--checkpoint-out", str(again))
+    save_checkpoint(straight(SMALL_BERT, 2, mask=0.15), str(ckpt))
+    want = straight(SMALL_BERT, 4, mask=0.15)
+    resumed = elastic(tmp_path, "resumed", SMALL_BERT, 2, 2, "--resume", str(ckpt), "--checkpoint-out", str(again),
+                      "--mask-tokens", "0.15")  # fmt: skip
     assert identical(params(want), resumed)
     state = torch.load(again, weights_only=False)
     assert state["step"] == 4 and identical(want.state()["params"], state["params"])

@@ -64,6 +64,8 @@ from distsim.output import check_output
 @click.option("--steps", type=click.IntRange(min=0), default=1, show_default=True, help="Global steps of --elastic.")
 @click.option("--checkpoint-out", type=click.Path(dir_okay=False), help="--elastic: checkpoint after the steps.")
 @click.option("--resume", type=click.Path(dir_okay=False), help="--elastic: resume this checkpoint (any rank count).")
+@click.option("--mask-tokens", type=click.FloatRange(0, 1, max_open=True), metavar="FRACTION",
+              help="--elastic: mask this fraction of input tokens, drawn from each EST's RNG stream.")  # fmt: skip
 @click.option("--params-out", type=click.Path(dir_okay=False), hidden=True, help="--elastic: final parameters.")
 @click.option("--naive-allreduce", is_flag=True, hidden=True, help="--elastic: gloo all-reduce (not D1).")
 def execute(**kw: Any) -> None:
@@ -85,7 +87,8 @@ def execute(**kw: Any) -> None:
 
         run_elastic(kw)
         return
-    elastic_only = [f for f in ("max_workers", "checkpoint_out", "resume", "params_out", "naive_allreduce") if kw[f]]
+    elastic_only = [f for f in ("max_workers", "checkpoint_out", "resume", "params_out", "naive_allreduce",
+                                           "mask_tokens") if kw[f]]  # fmt: skip
     if elastic_only:
         raise DistsimError(f"--{elastic_only[0].replace('_', '-')} applies to --elastic runs only")
     from distsim.executor.support import refuse_unsupported

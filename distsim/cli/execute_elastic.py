@@ -53,7 +53,8 @@ def run_elastic(kw: dict[str, Any]) -> None:
         checkpoint_out=os.path.abspath(kw["checkpoint_out"]) if kw["checkpoint_out"] else None,
         resume=os.path.abspath(kw["resume"]) if kw["resume"] else None,
         params_out=os.path.abspath(kw["params_out"]) if kw["params_out"] else None,
-        naive=kw["naive_allreduce"], timeout_s=kw["timeout"], command=invoked_command(),
+        naive=kw["naive_allreduce"], mask_tokens=kw["mask_tokens"] or 0.0, timeout_s=kw["timeout"],
+        command=invoked_command(),
     )  # fmt: skip
     click.echo(f"executing {model.name} elastically: {cfg.max_workers} ESTs on {world} rank(s), {cfg.steps} step(s)",
                err=True)  # fmt: skip

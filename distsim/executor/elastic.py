@@ -8,10 +8,11 @@ executor's single-process reference builds it) and one copy of the optimizer sta
 
 A global step:
 
-1. each of the rank's ESTs, in turn: restore its RNG state into the global generator (dropout and any other
-   sampling), run forward and backward on its own mini-batch (samples ``e*b .. (e+1)*b-1`` of the step's global batch
-   of :mod:`distsim.executor.data`: a function of (seed, step, EST), not of n), save the RNG state back, and swap its
-   gradients out of the shared gradient buffer into its own flat buffer, zeroing the shared one (the context switch);
+1. each of the rank's ESTs, in turn: restore its RNG state into the global generator (dropout, token masking:
+   ``--mask-tokens``, any other sampling), run forward and backward on its own mini-batch (samples ``e*b ..
+   (e+1)*b-1`` of the step's global batch of :mod:`distsim.executor.data`: a function of (seed, step, EST), not of
+   n), save the RNG state back, and swap its gradients out of the shared gradient buffer into its own flat buffer,
+   zeroing the shared one (the context switch);
 2. every rank all-gathers every EST's flat gradient buffer (an exact copy of the bits), then sums them locally in
    virtual-rank order, ``acc = g_0; acc += g_1; ...; acc += g_{P-1}``, and divides by P;
 3. one Adam step on every rank with that gradient: the same inputs, so the same parameters everywhere.
@@ -64,6 +65,9 @@ class ElasticConfig(WorkerConfig):
     resume: str | None = None
     params_out: str | None = None
     """Write the final parameters here (rank 0; tests compare them bit for bit)."""
+    mask_tokens: float = 0.0
+    """BERT-style input masking: this fraction of each EST's input tokens, drawn from the EST's own RNG stream, is
+    replaced by token 0 (the zoo's blocks have no dropout: this is what consumes the ESTs' RNG states)."""
     naive: bool = False
     """Sum the gradients with gloo's all-reduce of per-rank sums instead (not D1: for the test that shows it)."""
     timeout_s: float = 900.0
@@ -112,7 +116,7 @@ class ElasticTrainer:
     """One rank's ESTs, the model and Adam; `step` runs one global step."""
 
     def __init__(self, model: Any, max_workers: int, rank: int, world: int, micro_batch_size: int = 1,
-                 seed: int = 0, lr: float = 1e-4, naive: bool = False) -> None:  # fmt: skip
+                 seed: int = 0, lr: float = 1e-4, naive: bool = False, mask_tokens: float = 0.0) -> None:  # fmt: skip
         from distsim.cluster import get_cluster
         from distsim.partition import ranges
         from distsim.placement import Placement
@@ -124,7 +128,7 @@ class ElasticTrainer:
             raise DistsimError(f"elastic execution trains fp32 models on the CPU; {model.name} is "
                                f"{model.precision.name} (add precision=fp32 to its spec)")  # fmt: skip
         self.model, self.max_workers, self.rank, self.world = model, max_workers, rank, world
-        self.seed, self.naive = seed, naive
+        self.seed, self.naive, self.mask_tokens = seed, naive, mask_tokens
         self.ests = est_range(rank, world, max_workers)
         self.slots = -(-max_workers // world)  # the most ESTs a rank runs: every rank sends this many buffers
         single = Strategy(micro_batch_size=micro_batch_size, num_micro_batches=1, partition=(model.num_layers,))
@@ -150,6 +154,8 @@ class ElasticTrainer:
         t1 = time.perf_counter()
         rt.est = est
         rt._prefetch(self.step_index)
+        if self.mask_tokens > 0:
+            self._mask()
         rt.recorder.begin(self.step_index)
         state: dict[Any, Any] = {}
         rt.forward(0, 0, self.step_index, state)
@@ -163,6 +169,15 @@ class ElasticTrainer:
         loss = float(rt.loss_values.pop().item())
         rt.loss_values.clear()
         return loss
+
+    def _mask(self) -> None:
+        """Replace a `mask_tokens` fraction of the token ids an embedding reads by 0, drawn from the global generator
+        (which holds the current EST's RNG state)."""
+        rt = self.runtime
+        for (li, bi, _mb), feeds in rt.data.items():
+            if self.model.layers[li].blocks[bi].op == "embedding":
+                ids = feeds[0]
+                ids[torch.rand(ids.shape) < self.mask_tokens] = 0
 
     def reduce(self) -> Tensor:
         """The mean gradient over the P ESTs, summed in virtual-rank order 0..P-1 on every rank."""
@@ -275,7 +290,8 @@ def run(cfg: ElasticConfig) -> None:
     est_range(rank, world, cfg.max_workers)  # refuses n > P before any process group
     if world > 1:
         dist.init_process_group("gloo", timeout=dt.timedelta(seconds=cfg.timeout_s))
-    trainer = ElasticTrainer(model, cfg.max_workers, rank, world, cfg.micro_batch_size, cfg.seed, cfg.lr, cfg.naive)
+    trainer = ElasticTrainer(model, cfg.max_workers, rank, world, cfg.micro_batch_size, cfg.seed, cfg.lr, cfg.naive,
+                             cfg.mask_tokens)  # fmt: skip
     if cfg.resume:
         try:
             state = torch.load(cfg.resume, map_location="cpu", weights_only=False)
