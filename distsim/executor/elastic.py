@@ -223,6 +223,7 @@ class ElasticTrainer:
         return {
             "format": CHECKPOINT_FORMAT, "model": self.model.name, "max_workers": self.max_workers,
             "seed": self.seed, "micro_batch_size": self.runtime.strategy.micro_batch_size, "step": self.step_index,
+            "mask_tokens": self.mask_tokens,
             "ests": [{"rng": self.rng[e].clone(), "step": self.step_index} for e in range(self.max_workers)],
             "params": {k: p.detach().clone() for k, p in self.named_params().items()},
             "optimizer": self.runtime.optimizer.opt.state_dict(),  # type: ignore[union-attr]
@@ -232,7 +233,8 @@ class ElasticTrainer:
         if state.get("format") != CHECKPOINT_FORMAT:
             raise DistsimError(f"not an elastic checkpoint (format {state.get('format')!r})")
         for key, want in (("max_workers", self.max_workers), ("seed", self.seed),
-                          ("micro_batch_size", self.runtime.strategy.micro_batch_size)):  # fmt: skip
+                          ("micro_batch_size", self.runtime.strategy.micro_batch_size),
+                          ("mask_tokens", self.mask_tokens)):  # fmt: skip
             if state[key] != want:
                 raise DistsimError(f"the checkpoint was written with {key.replace('_', ' ')} {state[key]}, this run "
                                    f"has {want}: the hyper-parameters are tied to the ESTs, not the ranks")  # fmt: skip
