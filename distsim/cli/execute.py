@@ -59,6 +59,15 @@ from distsim.output import check_output
               help="Seconds before a hung run is stopped.")  # fmt: skip
 @click.option("--check", type=click.Path(dir_okay=False), hidden=True, help="Write iteration 0's loss and gradients.")
 @click.option("--force", is_flag=True, help="Run even when the simulator says the plan does not fit in memory.")
+@click.option("--elastic", is_flag=True, help="EasyScale: --max-workers ESTs time-sliced on the ranks launched.")
+@click.option("--max-workers", type=click.IntRange(min=1), metavar="P", help="ESTs (logical workers) of --elastic.")
+@click.option("--steps", type=click.IntRange(min=0), default=1, show_default=True, help="Global steps of --elastic.")
+@click.option("--checkpoint-out", type=click.Path(dir_okay=False), help="--elastic: checkpoint after the steps.")
+@click.option("--resume", type=click.Path(dir_okay=False), help="--elastic: resume this checkpoint (any rank count).")
+@click.option("--mask-tokens", type=click.FloatRange(0, 1, max_open=True), metavar="FRACTION",
+              help="--elastic: mask this fraction of input tokens, drawn from each EST's RNG stream.")  # fmt: skip
+@click.option("--params-out", type=click.Path(dir_okay=False), hidden=True, help="--elastic: final parameters.")
+@click.option("--naive-allreduce", is_flag=True, hidden=True, help="--elastic: gloo all-reduce (not D1).")
 def execute(**kw: Any) -> None:
     """Run a plan for real with torch.distributed and record its per-GPU timeline.
 
@@ -68,7 +77,20 @@ def execute(**kw: Any) -> None:
           --profile profiles/cpu-gloo.json --emulate-nodes 2 --procs-per-node 1 --link-bandwidth 1gbit \\
           --out traces/gpt2.json
     On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
+
+    \b
+    Elastic (EasyScale's ESTs; bit-identical parameters on 1, 2 or 4 ranks, and across a resume):
+      distsim execute --elastic --max-workers 4 --model bert-cpu --steps 3 --emulate-nodes 1 --procs-per-node 2
     """
+    if kw["elastic"]:
+        from distsim.cli.execute_elastic import run_elastic
+
+        run_elastic(kw)
+        return
+    elastic_only = [f for f in ("max_workers", "checkpoint_out", "resume", "params_out", "naive_allreduce",
+                                           "mask_tokens") if kw[f]]  # fmt: skip
+    if elastic_only:
+        raise DistsimError(f"--{elastic_only[0].replace('_', '-')} applies to --elastic runs only")
     from distsim.executor.support import refuse_unsupported
     from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
     from distsim.flow.events import resolve_partition
