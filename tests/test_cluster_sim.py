@@ -177,3 +177,26 @@ def test_capability_hook_replaces_the_trace_figures() -> None:
     assert simulate_cluster(jobs, {"T4": 2}, "yarn-cs").finish_s["J1"] == pytest.approx(200.0)
     same = simulate_cluster(jobs, {"T4": 2}, "yarn-cs", capability=lambda j: {"V100": 10.0, "T4": 10.0})
     assert same.finish_s["J1"] == pytest.approx(100.0)
+
+
+def test_cli_simulated_capabilities_replace_the_trace_figures_of_zoo_models(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--simulate-capabilities: a zoo model's C_i comes from the simulator (1 / its one-GPU iteration), so the
+    result differs from the trace's assumed figures; a model outside the zoo keeps them."""
+    from distsim import get_model
+    from distsim.cli.cluster_sim import simulated_capabilities
+    from distsim.elastic.capability import capability
+    from distsim.elastic.jobs import Job
+
+    hook, simulated = simulated_capabilities({"V100": 2, "T4": 2}, 32)
+    resnet = Job("a", 0.0, 1, 2, 100.0, "resnet50", {"V100": 10.0, "T4": 5.0})
+    other = Job("b", 0.0, 1, 2, 100.0, "neumf", {"V100": 40.0, "T4": 20.0})
+    assert hook(resnet)["V100"] == pytest.approx(capability(get_model("resnet50"), "V100", 32))
+    assert hook(resnet)["T4"] == pytest.approx(capability(get_model("resnet50"), "T4", 32))
+    assert hook(other) == {"V100": 40.0, "T4": 20.0} and simulated == ["resnet50"]
+    base = ["cluster-sim", "--scheduler", "easyscale", "--json"]
+    code, out, err = run(base, capsys)
+    code2, out2, err2 = run([*base, "--simulate-capabilities", "32"], capsys)
+    assert code == 0 and code2 == 0, err + err2
+    assert json.loads(out)["results"] != json.loads(out2)["results"]

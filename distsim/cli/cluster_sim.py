@@ -61,6 +61,28 @@ def comparison(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, list[str]]:
+    """A capability hook for :func:`~distsim.elastic.cluster_sim.simulate_cluster`: a job whose model is a zoo model
+    gets C_i = 1 / its simulated one-GPU iteration on each of the cluster's GPU types (one simulation per model and
+    type); the second item lists the models it simulated (filled as the hook runs)."""
+    from distsim.elastic.capability import capabilities
+    from distsim.models.zoo import ZOO, get_model
+
+    cache: dict[str, dict[str, float] | None] = {}
+    simulated: list[str] = []
+
+    def hook(job: Any) -> Any:
+        if job.model not in cache:
+            cache[job.model] = None
+            if job.model in ZOO:
+                caps = capabilities(get_model(job.model), list(cluster), batch)
+                cache[job.model] = {t: c.per_s for t, c in caps.items()}
+                simulated.append(job.model)
+        return cache[job.model] if cache[job.model] is not None else job.capabilities
+
+    return hook, simulated
+
+
 @cli.command("cluster-sim")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
               help=f"Synthetic .csv or Philly cluster_job_log .json trace [default: {DEFAULT_TRACE}].")  # fmt: skip
@@ -71,9 +93,13 @@ def comparison(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
               help="Seconds between EasyScale's scheduling rounds while they grant GPUs.")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the JCT CDF and the GPU allocation ratio over time.")  # fmt: skip
+@click.option("--simulate-capabilities", "simulated_batch", type=click.IntRange(min=1), metavar="BATCH",
+              help="Each job's C_i per GPU type from the simulator instead of the trace: one GPU's iteration of its "
+                   "model at this mini-batch size (analytic costs), for jobs whose model is a zoo model (distsim "
+                   "models); the others keep the trace's figures.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: float, plot_path: str | None,
-                as_json: bool) -> None:  # fmt: skip
+                simulated_batch: int | None, as_json: bool) -> None:  # fmt: skip
     """Simulate a job trace on a GPU cluster: JCT (mean, p50, p95), makespan and GPU allocation ratio (EasyScale 5.2).
 
     \b
@@ -89,7 +115,8 @@ def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: floa
     cluster = parse_gpus(gpus)
     jobs = read_trace(trace_path or DEFAULT_TRACE)
     names = COMPARED if scheduler == "both" else (scheduler,)
-    results = [simulate_cluster(jobs, cluster, name, round_s=round_s) for name in names]
+    hook, simulated = (None, []) if simulated_batch is None else simulated_capabilities(cluster, simulated_batch)
+    results = [simulate_cluster(jobs, cluster, name, round_s=round_s, capability=hook) for name in names]
     summaries = {r.scheduler: r.summary() for r in results}
     ratios = comparison(summaries)
     if as_json:
@@ -98,6 +125,10 @@ def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: floa
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(f"{len(jobs)} jobs on {gpus}")
+        if simulated_batch is not None:
+            done = sorted(set(simulated))
+            click.echo(f"capabilities simulated at mini-batch {simulated_batch} (analytic) for "
+                       f"{', '.join(done) if done else 'no model'}; other models keep the trace's")  # fmt: skip
         click.echo(HEADER)
         for s in summaries.values():
             click.echo(_row(s))
