@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.common import check_outputs
-from distsim.errors import DistsimError
+from distsim.cli.common import check_outputs, parse_type_map
 
 DEFAULT_TRACE = os.path.join("traces", "cluster", "synthetic-150.csv")
 DEFAULT_GPUS = "V100:32,P100:16,T4:16"
@@ -26,16 +25,8 @@ WHY = (
 
 
 def parse_gpus(text: str) -> dict[str, int]:
-    """'V100:32,P100:16,T4:16' -> {'V100': 32, 'P100': 16, 'T4': 16}."""
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, count = part.partition(":")
-        if not sep or not name or not count.isdigit() or int(count) < 1 or name in out:
-            raise DistsimError(f"--gpus takes TYPE:COUNT pairs like {DEFAULT_GPUS}, got {text!r}")
-        out[name] = int(count)
-    if not out:
-        raise DistsimError(f"--gpus takes TYPE:COUNT pairs like {DEFAULT_GPUS}, got {text!r}")
-    return out
+    """'V100:32,P100:16,T4:16' -> {'V100': 32, 'P100': 16, 'T4': 16}: the types as the trace names them."""
+    return parse_type_map(text, "--gpus", int, canonical=False, minimum=1)
 
 
 HEADER = f"{'scheduler':<15} {'jobs':>5} {'JCT mean s':>10} {'p50 s':>9} {'p95 s':>9} {'makespan s':>11} {'alloc':>8}"

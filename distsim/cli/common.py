@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
@@ -363,3 +364,31 @@ def load_plan_for(kw: dict[str, Any]) -> Any:
     if not kw["nodes"] and plan.nodes is not None:
         kw["nodes"] = plan.nodes
     return plan
+
+
+def parse_type_map(text: str, option: str, cast: type, canonical: bool = True, minimum: int = 0) -> dict[str, Any]:
+    """'V100:4,T4:8' -> {'V100': 4, 'T4': 8}: GPU counts (`cast` int, at least `minimum`) or rates (float, positive)
+    per GPU type, the types' canonical names (`canonical`; else the names as written, labels of a trace); anything
+    else is one line naming the option."""
+    from distsim.cluster import gpu_type
+
+    example = "V100:4,T4:8" if cast is int else "V100:10.5,T4:3.2"
+    out: dict[str, Any] = {}
+    for item in (x.strip() for x in text.split(",")):
+        name, sep, value = item.partition(":")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            v = cast(value)
+        except ValueError:
+            raise DistsimError(f"{option} takes TYPE:{'COUNT' if cast is int else 'RATE'} pairs, e.g. {example}; "
+                               f"got {text!r}") from None  # fmt: skip
+        key = gpu_type(name)[0] if canonical else name.strip()
+        if key in out:
+            raise DistsimError(f"{option} names {key} twice: {text!r}")
+        if cast is int and v < minimum:
+            raise DistsimError(f"{option}: {key} count must be >= {minimum}, got {v}")
+        if cast is float and not (math.isfinite(v) and v > 0):
+            raise DistsimError(f"{option}: {key} capability must be a positive number of mini-batches/s, got {value}")
+        out[key] = v
+    return out

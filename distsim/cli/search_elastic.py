@@ -4,39 +4,13 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import click
 
+from distsim.cli.common import parse_type_map
 from distsim.cli.search import search
 from distsim.errors import DistsimError
-
-
-def parse_type_map(text: str, option: str, cast: type) -> dict[str, Any]:
-    """'V100:4,T4:8' -> {'V100': 4, 'T4': 8} (canonical GPU type names); anything else is one line naming the option."""
-    from distsim.cluster import gpu_type
-
-    example = "V100:4,T4:8" if cast is int else "V100:10.5,T4:3.2"
-    out: dict[str, Any] = {}
-    for item in (x.strip() for x in text.split(",")):
-        name, sep, value = item.partition(":")
-        try:
-            if not sep or not name.strip():
-                raise ValueError
-            v = cast(value)
-        except ValueError:
-            raise DistsimError(f"{option} takes TYPE:{'COUNT' if cast is int else 'RATE'} pairs, e.g. {example}; "
-                               f"got {text!r}") from None  # fmt: skip
-        key = gpu_type(name)[0]
-        if key in out:
-            raise DistsimError(f"{option} names {key} twice: {text!r}")
-        if cast is int and v < 0:
-            raise DistsimError(f"{option}: {key} count must be >= 0, got {v}")
-        if cast is float and not (math.isfinite(v) and v > 0):
-            raise DistsimError(f"{option}: {key} capability must be a positive number of mini-batches/s, got {value}")
-        out[key] = v
-    return out
 
 
 @search.command()
