@@ -2,22 +2,18 @@
 2, nothing written, and bounded memory and time.
 
 Each case runs the command line in this process (fast) under an alarm and checks the peak-RSS increase; the inputs
-are written into a fresh directory first, and afterwards that directory holds exactly what was put there.
+are written into a fresh directory first, and afterwards that directory holds exactly what was put there. The harness
+is ``tests/sweep.py``; ``test_bad_inputs_*.py`` hold the sweep's cases of further commands.
 """
 
 from __future__ import annotations
 
 import json
-import resource
-import shutil
-import signal
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.util import run_cli
+from tests.sweep import check_bad_input, write_files
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "cpu-gloo.json")
@@ -155,44 +151,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("validate figure format", ["validate", "--trace", TRACE, "--plot", "{dir}/v.xyz"], "cannot write a figure"),
 ]  # fmt: skip
 
-PEAK_RSS_GROWTH_BYTES = 1 << 30
-SECONDS_PER_CASE = 120  # a bound no correct case comes near, even on a loaded machine
-
 
 @pytest.fixture
 def case_dir(tmp_path: Path) -> Path:
-    for name, text in FILES.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
-
-
-def _listing(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-class _TookTooLong(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise _TookTooLong
-
-
-@pytest.fixture
-def bounded() -> Iterator[None]:
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(SECONDS_PER_CASE)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    return write_files(tmp_path, FILES)
 
 
 def test_the_sweep_is_broad() -> None:
@@ -204,19 +166,6 @@ def test_the_sweep_is_broad() -> None:
 
 @pytest.mark.parametrize(("what", "args", "message"), CASES, ids=[c[0] for c in CASES])
 def test_a_bad_input_is_one_line_and_exit_2(
-    case_dir: Path, capsys: pytest.CaptureFixture[str], bounded: None, what: str, args: list[str], message: str
+    case_dir: Path, capsys: pytest.CaptureFixture[str], what: str, args: list[str], message: str
 ) -> None:
-    before = _listing(case_dir)
-    rss = _peak_rss_bytes()
-    try:
-        code, out, err = run_cli([a.format(dir=case_dir) for a in args], capsys)
-    except _TookTooLong:
-        pytest.fail(f"{what}: still running after {SECONDS_PER_CASE} s")
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2, (what, err)
-    assert len(lines) == 1, f"{what}: expected one line on stderr, got {lines}"
-    assert "error" in lines[0] and message.format(dir=case_dir) in lines[0], (what, lines[0])
-    assert "Traceback" not in err and out == ""
-    assert _listing(case_dir) == before, f"{what}: wrote or changed files"
-    assert _peak_rss_bytes() - rss < PEAK_RSS_GROWTH_BYTES, f"{what}: peak memory grew by over 1 GiB"
-    shutil.rmtree(case_dir / "no", ignore_errors=True)
+    check_bad_input(case_dir, capsys, what, args, message)
