@@ -8,6 +8,11 @@ computing the size it has with every alias expanded from the sizes recorded for 
 depth; it refuses the document beyond either limit, or when an alias refers to a collection that contains it,
 and only then builds it. The C parser (libyaml) is used when PyYAML has it: it is several times faster, and the
 depth limit keeps its recursive composer within the C stack.
+
+Before any of that, :func:`flow_depth` reads the raw text for its deepest flow collection (``[[[[...``): the
+parser's scanner reads all the brackets of such a document ahead before it reports the first event, so a nesting
+limit of the parser's own (libyaml's since PyYAML 6.0.4) would answer first, in its own words, and none (older
+releases) would recurse without bound. Block collections are reported one event at a time and are counted there.
 """
 
 from __future__ import annotations
@@ -31,12 +36,110 @@ class ExpansionError(ValueError):
 def load(text: str, max_chars: int) -> Any:
     """``yaml.safe_load(text)``, refused with ExpansionError if the document, aliases expanded, would be larger than
     `max_chars` characters (a scalar counts its length plus one, a collection one) or nests deeper than MAX_DEPTH."""
+    if flow_depth(text, MAX_DEPTH) > MAX_DEPTH:
+        raise ExpansionError(f"it nests collections more than {MAX_DEPTH} deep")
     size = expanded_size(text, max_chars)
     if size > max_chars:
         raise ExpansionError(
             f"its aliases expand it to more than {max_chars:,} characters, the limit for this kind of file"
         )
     return yaml.load(text, Loader=_LOADER)  # SafeLoader or its C twin
+
+
+_BLANK = " \t\r\n"
+_NODE_STARTS = "-?:"  # "- ", "? " and ": " start a node (followed by a blank)
+
+
+def flow_depth(text: str, limit: int) -> int:
+    """The deepest nesting of flow collections (``[...]``, ``{...}``) in `text`, read lexically without PyYAML;
+    stops counting once past `limit` (returns a value > limit).
+
+    A bracket counts where YAML makes it an indicator: anywhere inside a flow collection, and where a node starts
+    in block context (line start, after ``- ``, ``? ``, ``: ``), never inside a plain scalar (``a[1``), a quoted
+    scalar, a comment or a block scalar (``|``, ``>``). The count is exact for well-formed documents and a bound
+    for malformed ones, which the parser then reports."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    at_start = True  # the next non-blank character starts a node
+    line_indent = 0
+    block_scalar_indent: int | None = None  # inside a block scalar: lines indented deeper than this are its text
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            i += 1
+            j = i
+            while j < n and text[j] == " ":
+                j += 1
+            line_indent = j - i
+            if block_scalar_indent is not None:
+                if j < n and text[j] not in "\r\n" and line_indent <= block_scalar_indent:
+                    block_scalar_indent = None
+                else:
+                    end = text.find("\n", j)
+                    i = n if end < 0 else end
+                    continue
+            at_start = depth == 0 or at_start
+            i = j
+            continue
+        if c in " \t\r":
+            i += 1
+            continue
+        if c == "#" and (i == 0 or text[i - 1] in _BLANK):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        if c in "[{" and (depth or at_start):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            at_start = True
+        elif c in "]}" and depth:
+            depth -= 1
+            at_start = False
+        elif (c == "," and depth) or (c in _NODE_STARTS and _indicator(text, i, depth)):
+            at_start = True
+        elif c in "'\"" and at_start:
+            i = _quoted_end(text, i)
+            at_start = False
+            continue
+        elif c in "|>" and at_start and not depth:
+            block_scalar_indent = line_indent
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        else:
+            at_start = False
+        i += 1
+    return deepest
+
+
+def _indicator(text: str, i: int, depth: int) -> bool:
+    """Whether the ``-``, ``?`` or ``:`` at `i` is an indicator (followed by a blank; ``:`` in flow context also
+    directly after a key, as in ``{"a":1}``), not a character of a plain scalar."""
+    return i + 1 == len(text) or text[i + 1] in _BLANK or (depth > 0 and text[i] == ":")
+
+
+def _quoted_end(text: str, start: int) -> int:
+    """The index after the quoted scalar opening at `start` (the end of the text if it is never closed)."""
+    quote = text[start]
+    i = start + 1
+    while True:
+        j = text.find(quote, i)
+        if j < 0:
+            return len(text)
+        if quote == '"':
+            backslashes = 0
+            while text[j - 1 - backslashes] == "\\":
+                backslashes += 1
+            if backslashes % 2:
+                i = j + 1
+                continue
+            return j + 1
+        if text.startswith("''", j):  # an escaped quote inside a single-quoted scalar
+            i = j + 2
+            continue
+        return j + 1
 
 
 def expanded_size(text: str, budget: int) -> int:
