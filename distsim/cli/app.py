@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from distsim.errors import DistsimError
+from distsim.output import silence_stdout, standard_output
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -28,31 +28,34 @@ def cli() -> None:
     """
 
 
-def _silence_stdout() -> None:
-    """The reader of our stdout went away (`distsim ... | head`): drop what is still buffered, quietly."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: one-line errors, exit status 2 for bad input."""
+    """Console entry point: one-line errors, exit status 2 for bad input.
+
+    Standard output is guarded while the command runs (:func:`distsim.output.standard_output`): a reader that went
+    away ends what was being written to it quietly, the command goes on and exits 0 (its summary still reaches
+    stderr); a write that fails otherwise (a full disk) is one line, exit status 2, even when it only shows at the
+    last flush, and nothing is left to fail again at exit."""
+    with standard_output():
+        code = _run(argv)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """Run the command line; its exit status (any error reported on stderr)."""
     try:
         rc = cli.main(args=argv, prog_name="distsim", standalone_mode=False)
-        sys.stdout.flush()
+        sys.stdout.flush()  # a failure that only shows now (a full disk under `> file`) is one line too
     except click.exceptions.Abort:
         click.echo("distsim: aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as exc:
         where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "distsim"
         click.echo(f"{where}: error: {exc.format_message()} (see '{where} --help')", err=True)
-        sys.exit(exc.exit_code if exc.exit_code else 2)
+        return exc.exit_code if exc.exit_code else 2
     except DistsimError as exc:
         click.echo(f"distsim: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except BrokenPipeError:  # as click does for a reader that went away: quietly, status 1
-        _silence_stdout()
-        sys.exit(1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        return exc.exit_code
+    except BrokenPipeError:  # a pipe other than the guarded stdout: quietly, status 1, as click does
+        silence_stdout()
+        return 1
+    return rc if isinstance(rc, int) else 0
