@@ -41,7 +41,8 @@ wfbp), and needs k <= batch.
 
 Not modelled: the background using SMs the foreground's own kernels leave free (it runs only in the gaps, as the
 issue specifies, so the background's share is a lower bound there); memory per GPU is checked only as the largest
-foreground GPU plus the background's peak.
+foreground GPU plus the background's peak (reported, :attr:`CollocationReport.memory_fits`), and a background that
+does not fit in one GPU even alone is refused (:func:`check_background_fits`).
 """
 
 from __future__ import annotations
@@ -262,6 +263,21 @@ def background_iteration(model: Model, cluster: Cluster, batch: int, costs: Cost
     return simulate(model, one_gpu(cluster), Strategy(micro_batch_size=batch), costs, options)
 
 
+def check_background_fits(background: SimResult, batch: int) -> None:
+    """Refuse a background job whose one iteration does not fit in one GPU's memory even alone: it runs on one GPU
+    (beside the foreground on a hosting GPU, alone on a static partition's), so no figure of the report could hold.
+    (One that fits alone but not beside the foreground is reported: :attr:`CollocationReport.memory_fits`.)"""
+    if background.fits_in_memory:
+        return
+    need, gpu = background.peak_memory_bytes, background.cluster.gpu
+    states = max(m.states_bytes for m in background.memory)
+    fix = ("its parameters, gradients and optimizer state alone do not fit: choose a smaller background model"
+           if states > gpu.memory_bytes else "choose a smaller background batch or model")  # fmt: skip
+    raise CollocationError(f"background {background.model.name} at batch {batch} needs {need / 1e9:,.2f} GB on one "
+                           f"GPU, above the {gpu.memory_bytes / 1e9:,.2f} GB of one {gpu.name} (a background job "
+                           f"runs on one GPU); {fix}")  # fmt: skip
+
+
 def background_grain(background: SimResult) -> float:
     """The mean duration of the background's compute events (a layer's forward or backward at its batch; its
     optimizer step aside): the default shortest gap it uses."""
@@ -339,6 +355,7 @@ def collocation_report(
     elif alone.sampled_iteration_s:
         raise CollocationError("collocation is computed from a deterministic simulation (no --samples)")
     bg = background_iteration(background, cluster, background_batch, costs, options)
+    check_background_fits(bg, background_batch)
     given = min_gap_s is not None
     min_gap_s = min_gap_s if min_gap_s is not None else background_grain(bg)
     allowed = set(range(cluster.num_gpus)) if hosts is None else set(hosts)

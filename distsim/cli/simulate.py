@@ -245,10 +245,10 @@ def simulate(**kw: Any) -> None:
             "of the pipeline idle; pass --micro-batches",
             err=True,
         )
-    _write_outputs(result, kw)
     collocated = None
-    if background is not None:
+    if background is not None:  # before any output is written: a background that cannot run is refused first
         collocated = collocate_from_options(kw, background, model, cluster, target, costs, options, result)
+    _write_outputs(result, kw)
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
     if kw["as_json"]:
         data = result.to_dict()
