@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -206,27 +207,41 @@ def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str
 
 
 def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) -> list[str]:
-    """Re-simulate the best configurations and write each one's trace, Gantt chart and plan."""
+    """Re-simulate the best configurations and write each one's trace, Gantt chart and plan. If a write fails,
+    what this run created is removed again (the files it wrote new, and the directory if it made it); a file it
+    replaced keeps its new content."""
     from distsim.io import write_figure
     from distsim.plots import gantt
     from distsim.simulate import simulate
 
     directory = Path(kw["trace_dir"])
+    made = [d for d in (directory, *directory.parents) if not d.exists()]  # the deepest first
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DistsimError(f"{directory}: cannot create ({exc.strerror})") from None
-    written = []
-    for rank, point in enumerate(best, start=1):
-        s = point.strategy
-        stem = directory / f"{rank:02d}-{s}-mbs{s.micro_batch_size}-{s.schedule}"
-        r = simulate(result.model, result.cluster, s, costs)
-        title = f"{result.model.name} {s.describe()} on {result.cluster.name}"
-        trace = f"{stem}.trace.{kw['trace_format']}"
-        write_trace(trace, r.timeline, title, quiet=kw["quiet"])
-        ax = gantt(r.timeline, title=f"#{rank} {title}: {r.iteration_time_s * 1e3:.1f} ms")
-        write_figure(f"{stem}.png", ax.figure)
-        written += [trace, f"{stem}.png", _write_grid_plan(f"{stem}.plan.yaml", result, point, rank, kw)]
+    written: list[str] = []
+    created: list[Path] = []
+    try:
+        for rank, point in enumerate(best, start=1):
+            s = point.strategy
+            stem = directory / f"{rank:02d}-{s}-mbs{s.micro_batch_size}-{s.schedule}"
+            paths = [f"{stem}.trace.{kw['trace_format']}", f"{stem}.png", f"{stem}.plan.yaml"]
+            created += [Path(p) for p in paths if not os.path.lexists(p)]
+            r = simulate(result.model, result.cluster, s, costs)
+            title = f"{result.model.name} {s.describe()} on {result.cluster.name}"
+            write_trace(paths[0], r.timeline, title, quiet=kw["quiet"])
+            ax = gantt(r.timeline, title=f"#{rank} {title}: {r.iteration_time_s * 1e3:.1f} ms")
+            write_figure(paths[1], ax.figure)
+            _write_grid_plan(paths[2], result, point, rank, kw)
+            written += paths
+    except BaseException:
+        for path in created:
+            path.unlink(missing_ok=True)
+        for d in made:
+            with contextlib.suppress(OSError):  # only if empty: never what something else put there meanwhile
+                d.rmdir()
+        raise
     return written
 
 
