@@ -8,6 +8,7 @@ readable ``tp=2 pp=4 dp=2 mbs=1 mb=8 schedule=1f1b`` form that ``describe()`` wr
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -273,6 +274,36 @@ _READABLE_KEYS = {
     "optimizer_sharding": "optimizer_sharding",
 }
 _INT_FIELDS = {f.name for f in fields(Strategy) if f.type in ("int", "int | None")}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(value: str) -> bool:
+    """An on/off value: 1/true/yes/on or 0/false/no/off (any case); ValueError on anything else."""
+    if value.lower() not in _TRUE + _FALSE:
+        raise ValueError(value)
+    return value.lower() in _TRUE
+
+
+def _partition(value: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.split(r"[:/]", value))
+
+
+_VALUE_FORMS: dict[str, tuple[Callable[[str], object], str]] = {
+    "partition": (_partition, "layer counts per stage like 8:7:7:4"),
+    "grad_groups": (lambda v: parse_groups(v), "layer ranges like 0-4/4-10"),
+    "bucket_cap_mb": (float, "a number of MiB"),
+    "sequence_parallel": (_flag, "1 or 0 (true/false, yes/no, on/off: sequence parallelism on or off)"),
+}
+"""Field -> (how its readable value is read, what it takes, for the error); integer fields take an integer and the
+others (schedule, policy, sync, recompute, zero) a name, checked by Strategy itself."""
+
+
+def _value_form(field_name: str) -> tuple[Callable[[str], object], str]:
+    if field_name in _VALUE_FORMS:
+        return _VALUE_FORMS[field_name]
+    if field_name in _INT_FIELDS:
+        return int, "an integer"
+    return str, "a name"
 
 
 def _parse_readable(text: str) -> dict[str, object]:
@@ -288,25 +319,10 @@ def _parse_readable(text: str) -> dict[str, object]:
                 "tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
                 "zero, partition"
             )
+        read, what = _value_form(field_name)
         try:
-            if field_name == "partition":
-                out[field_name] = tuple(int(x) for x in re.split(r"[:/]", value))
-            elif field_name == "grad_groups":
-                out[field_name] = parse_groups(value)
-            elif field_name == "bucket_cap_mb":
-                out[field_name] = float(value)
-            elif field_name == "sequence_parallel":
-                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                    raise ValueError(value)
-                out[field_name] = value.lower() in ("1", "true", "yes")
-            elif field_name in _INT_FIELDS:
-                out[field_name] = int(value)
-            else:
-                out[field_name] = value
+            out[field_name] = read(value)
         except ValueError:
-            what = {"grad_groups": "layer ranges like 0-4/4-10", "bucket_cap_mb": "a number"}.get(
-                field_name, "an integer"
-            )
             raise StrategyError(f"{key} must be {what} in strategy {text!r}, got {value!r}") from None
     return out
 
