@@ -21,7 +21,19 @@ from functools import cached_property
 import numpy as np
 
 from distsim.costs import CommEvent, Cost, CostSource
-from distsim.plan import split_samples
+from distsim.plan import PlanError, split_samples
+
+MAX_BATCH = 2**30
+"""The most samples a burst plan's batch may hold (about a billion: far above any training batch, and far below where
+the slice arithmetic's 64-bit integers and doubles stop being exact)."""
+
+
+def check_batch(batch: int, what: str = "the batch") -> None:
+    """Raise PlanError unless `batch` is an integer between 1 and :data:`MAX_BATCH`."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise PlanError(f"{what} must be a positive integer (samples per iteration), got {batch!r}")
+    if batch > MAX_BATCH:
+        raise PlanError(f"{what} is {batch:,} samples, above the limit of {MAX_BATCH:,}")
 
 
 def shards(batch: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:
@@ -56,6 +68,8 @@ class Redistribution:
 
 def _slice_ends(batch: int, count: int) -> np.ndarray:
     """The exclusive ends of :func:`~distsim.plan.split_samples`'s slices, as an array."""
+    if not 0 < batch <= MAX_BATCH:  # numpy's int64 would overflow (a planner's batch reaches here unchecked)
+        check_batch(batch)
     base, extra = divmod(batch, count)
     return np.cumsum(base + (np.arange(count) < extra))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from distsim.burst import check_batch
 from distsim.cluster import MAX_GPUS
 from distsim.errors import DistsimError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB
@@ -61,6 +62,7 @@ def check_burst_fields(plan: Plan) -> None:
     for name, default, what in _UNUSED:
         if getattr(plan, name) != default:
             raise PlanError(f"{what} does not apply to a burst plan")
+    check_batch(plan.micro_batch_size)
     if plan.grad_sync not in GRAD_SYNCS:
         raise PlanError(f"a burst plan synchronises gradients {' or '.join(GRAD_SYNCS)}, not {plan.grad_sync!r}")
     for i, devices in enumerate(plan.burst):
@@ -170,6 +172,7 @@ def burst_from_dict(data: dict[str, Any], where: str, common: dict[str, Any]) ->
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise PlanError(f"{where}: a burst plan needs batch: the samples per iteration (a positive integer), got "
                         f"{batch!r}")  # fmt: skip
+    check_batch(batch, f"{where}: batch")
     if ("counts" in data) == ("layers" in data):
         raise PlanError(f"{where}: a burst plan gives either counts ('1x3,8x10') or layers (one entry per layer)")
     if "counts" in data:
