@@ -37,7 +37,15 @@ from distsim.profiler.torch_trace import (
     repeated_groups,
     signature,
 )
-from distsim.profiler.torch_user import batch_size, build, map_tensors, precision_of, seq_len, tensors_in
+from distsim.profiler.torch_user import (
+    TorchModelError,
+    batch_size,
+    build,
+    map_tensors,
+    precision_of,
+    seq_len,
+    tensors_in,
+)
 
 MAX_KEY_TENSORS = 4
 """Input tensors whose shapes enter a block's event key (the rest rarely change its cost)."""
@@ -180,7 +188,10 @@ def trace(spec: str, device: torch.device | str) -> TracedModel:
     module, batch = build(spec, dev)
     groups, fallback = repeated_groups(module), body_children(module)
     watch = {p for g in groups for p in g} | set(fallback)
-    rec = record(module, batch, watch)
+    try:
+        rec = record(module, batch, watch)
+    except TorchModelError as exc:  # the user's forward failed (or exited): say whose
+        raise TorchModelError(f"--torch-model {spec}: {exc}") from None
     units, repeated = choose_units(module, rec, groups, fallback)
     mbs = batch_size(batch)
     layers, unused = _layers(module, batch, rec, units, mbs)

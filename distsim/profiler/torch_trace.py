@@ -128,7 +128,7 @@ def record(module: nn.Module, batch: Any, watch: set[str]) -> Recording:
             rec.loss = loss_of(rec.output)
     except TorchModelError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in the forward too; Ctrl-C still aborts
         raise TorchModelError(f"the module's forward on the example batch raised {first_line(exc)}") from None
     finally:
         for h in handles:

@@ -62,7 +62,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
             mod = importlib.import_module(where)
     except TorchModelError:
         raise
-    except Exception as exc:  # the user's module failed to import: one line, not its traceback
+    except (Exception, SystemExit) as exc:  # the user's module failed to import (or exited): one line, no traceback
         raise TorchModelError(f"--torch-model {spec}: cannot import {where} ({first_line(exc)})") from None
     fn = getattr(mod, name, None)
     if fn is None:
@@ -78,7 +78,7 @@ def build(spec: str, device: torch.device) -> tuple[nn.Module, Any]:
     fn = load_factory(spec)
     try:
         made = fn()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in the user's function too; Ctrl-C still aborts
         raise TorchModelError(f"--torch-model {spec}: calling it raised {first_line(exc)}") from None
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
         got = type(made).__name__ if not isinstance(made, tuple) else f"a tuple of {len(made)}"
