@@ -319,6 +319,8 @@ def _parse_readable(text: str) -> dict[str, object]:
                 "tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
                 "zero, partition"
             )
+        if field_name in out:
+            raise StrategyError(f"{key} is given twice in strategy {text!r}; give each key once")
         read, what = _value_form(field_name)
         try:
             out[field_name] = read(value)

@@ -45,6 +45,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("strategy partition of letters", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 partition=a:b"],
      "partition must be layer counts per stage like 8:7:7:4"),
     ("strategy cap of letters", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 cap=big"], "cap must be a number of MiB"),
+    ("strategy key given twice", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 tp=2"], "tp is given twice"),
     ("strategy D not an integer", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 D=1.5"], "D must be an integer"),
     # a --torch-model that exits is reported like one that raises
     ("torch model sys:exit", ["profile", "--torch-model", "sys:exit", "--out", "{dir}/p.json"],
@@ -62,6 +63,9 @@ CASES: list[tuple[str, list[str], str]] = [
      "background gpt3-175b at batch 8 needs 5,000.90 GB on one GPU, above the 10.00 GB of one x86 CPU core"),
     ("background batch too large for one GPU", [*SIM, "--background", "gpt2-cpu", "--background-batch", "100000",
                                                 "--csv", "{dir}/t.csv"], "choose a smaller background batch or model"),
+    ("deeppool background that fits on no GPU", ["search", "deeppool", "--model", "vgg16", "--cluster", "dgx-a100",
+                                                 "--nodes", "1", "--global-batch", "32", "--background", "gpt3-175b",
+                                                 "--plan-out", "{dir}/d.plan.yaml"], "background gpt3-175b at batch"),
 ]  # fmt: skip
 
 

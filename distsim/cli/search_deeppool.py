@@ -79,18 +79,18 @@ def deeppool(**kw: Any) -> None:
     place = {"placement": kw["placement"], "grad_sync": kw["grad_sync"], "model": kw["model_name"],
              "cluster": kw["cluster_name"]}  # fmt: skip
     simulated = simulate_plans(result, costs, place) if kw["simulate"] else {}
+    collocated = None
+    if background is not None:  # before the plan is written: a background that cannot run is refused first
+        from distsim.flow.events import FlowOptions
+
+        collocated = collocate_from_options(kw, background, model, cluster, result.plan("best", **place), costs,
+                                            FlowOptions(), None)  # fmt: skip
     written = []
     if kw["plan_out"]:
         note: dict[str, object] = {"global_batch": result.batch}
         if "best" in simulated:
             note["predicted_iteration_s"] = round(simulated["best"], 9)
         written.append(str(write_plan(kw["plan_out"], result.plan("best", **place, **note))))
-    collocated = None
-    if background is not None:
-        from distsim.flow.events import FlowOptions
-
-        collocated = collocate_from_options(kw, background, model, cluster, result.plan("best", **place), costs,
-                                            FlowOptions(), None)  # fmt: skip
     if kw["as_json"]:
         data = result.to_dict()
         data["simulated_s"] = {"plan": simulated.get("best"), "data_parallel": simulated.get("dp")}
