@@ -9,21 +9,30 @@ at the next start.
 
 The launcher watches its ranks: if one exits with an error the others are stopped and the error (the rank's last
 message) is raised; if they are not done within the timeout they are stopped and a timeout is raised.
+
+The ranks watch their launcher: a launcher that dies without cleaning up (SIGKILL, a crash, the OOM killer) takes its
+ranks with it (:func:`watch_launcher`), and a rank writes its outputs only while its launcher lives
+(:func:`stop_if_orphaned`). The launch directory (the ranks' logs, in the temporary folder) records its launcher's
+process; the next launch removes the directories, like the namespaces, whose launcher is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
 import random
 import re
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +42,12 @@ from typing import Any
 from distsim.errors import DistsimError
 
 NS_PREFIX = "distsim-"
+LAUNCH_DIR_PREFIX = "distsim-launch-"
+OWNER_FILE = "launcher"
+"""In a launch directory: ``PID START`` of the launcher that made it (START: its start time, /proc/PID/stat's)."""
+LAUNCHER_FD_ENV = "DISTSIM_LAUNCHER_FD"
+"""A rank's end of a pipe whose other end only the launcher holds: end of file means the launcher is gone."""
+LAUNCHER_PID_ENV = "DISTSIM_LAUNCHER_PID"
 
 
 class WorkerConfig:
@@ -54,6 +69,7 @@ def worker_main(config: type[WorkerConfig], env_var: str, run: Callable[[Any], N
         print(f"distsim: error: this is a rank process of `{command}` and has no configuration ({env_var}); run "
               f"`{command}`", file=sys.stderr)  # fmt: skip
         sys.exit(2)
+    watch_launcher()
     try:
         run(config.from_json(text))
     except DistsimError as exc:
@@ -129,14 +145,31 @@ def _run(*cmd: str) -> None:
         raise RunError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.stdout.strip()}")
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat); None if it is gone or a zombie, or
+    there is no /proc (then "" if it exists)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        if not Path("/proc/self/stat").exists():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:
+                pass
+            return ""
+        return None
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _alive(pid: int, start: str | None = None) -> bool:
+    """Whether process `pid` runs (a zombie does not); with `start`, whether it is still the process that started
+    then (not a later one given the same pid)."""
+    now = _start_time(pid)
+    return now is not None and (start is None or not now or now == start)
 
 
 def remove_stale_namespaces() -> None:
@@ -147,6 +180,114 @@ def remove_stale_namespaces() -> None:
         m = re.match(rf"^{NS_PREFIX}(\d+)-\d+$", name)
         if m and not _alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _make_launch_dir() -> Path:
+    """A new launch directory in the temporary folder that names this process as its owner."""
+    path = Path(tempfile.mkdtemp(prefix=f"{LAUNCH_DIR_PREFIX}{os.getpid()}-"))
+    (path / f".{OWNER_FILE}").write_text(f"{os.getpid()} {_start_time(os.getpid()) or ''}\n")
+    os.replace(path / f".{OWNER_FILE}", path / OWNER_FILE)  # whole or absent: never read half-written
+    return path
+
+
+def remove_stale_launch_dirs(parent: str | Path | None = None) -> list[Path]:
+    """Delete the launch directories (ours, in the temporary folder) whose launcher is gone; return them.
+
+    A directory is removed only when its owner file names a process that no longer runs: one of a running launcher
+    (even one that has just made it and not yet written the file) is left alone, as is anything else."""
+    removed = []
+    for entry in Path(parent or tempfile.gettempdir()).glob(f"{LAUNCH_DIR_PREFIX}*"):
+        try:
+            info = entry.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            pid_text, _, start = (entry / OWNER_FILE).read_text().strip().partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            continue
+        if not _alive(pid, start or None):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def watch_launcher() -> None:
+    """In a rank a launcher started: die (SIGKILL, the rank's whole process group) as soon as the launcher dies.
+
+    Two watches, as either alone has a gap. The kernel's parent-death signal is immediate and needs nothing from
+    the rank (it fires even while the rank holds the GIL in a long C call), but it watches the rank's parent thread,
+    which is the launcher only when nothing stands between them (``ip netns exec`` runs the rank in its own process,
+    as it does not fork; a launcher thread that ends would fire it too early). The launcher's pipe watches the
+    launcher process itself, through any chain of processes, on any POSIX system: its write end lives only in the
+    launcher (never inherited), so the kernel closes it when the launcher exits however it exits, and a thread here
+    wakes up at end of file. Both are armed before the rank does any work; a launcher that died before that is
+    caught by the same end of file (or, without the pipe, by the rank's parent no longer being the launcher)."""
+    global _LAUNCHER_FD
+    fd_text, pid_text = os.environ.pop(LAUNCHER_FD_ENV, None), os.environ.pop(LAUNCHER_PID_ENV, None)
+    if not fd_text or not pid_text:
+        return  # not started by launch(): torchrun, or a single process
+    _set_parent_death_signal(signal.SIGKILL)  # the parent: the launcher, or a process of its between us
+    try:
+        usable = stat.S_ISFIFO(os.fstat(int(fd_text)).st_mode)
+    except (OSError, ValueError):
+        usable = False  # something between the launcher and the rank closed it
+    if not usable:
+        if os.getppid() != int(pid_text) and not _alive(int(pid_text)):
+            _die()
+        return
+    _LAUNCHER_FD = int(fd_text)
+    if _orphaned():
+        _die()
+    threading.Thread(target=_die_at_end_of_file, args=(_LAUNCHER_FD,), name="distsim-launcher-watch",
+                     daemon=True).start()  # fmt: skip
+
+
+_LAUNCHER_FD: int | None = None
+
+
+def stop_if_orphaned() -> None:
+    """Called by a rank right before it writes the run's outputs: if its launcher is gone, the run was abandoned,
+    and the rank dies here rather than leave outputs of a run that its user saw fail."""
+    if _LAUNCHER_FD is not None and _orphaned():
+        _die()
+
+
+def _orphaned() -> bool:
+    """The launcher's pipe is at end of file (the launcher never writes to it, so readable means closed)."""
+    assert _LAUNCHER_FD is not None
+    try:
+        return bool(select.select([_LAUNCHER_FD], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _die_at_end_of_file(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 1):
+                break
+        except OSError:
+            break
+    _die()
+
+
+def _die() -> None:
+    """End this rank and whatever it started (its process group, when it leads one, as launch() makes it)."""
+    with contextlib.suppress(OSError):
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _set_parent_death_signal(signum: int) -> bool:
+    """prctl(PR_SET_PDEATHSIG, signum) on Linux; False where it is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(1, signum, 0, 0, 0)) == 0  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass
@@ -241,12 +382,19 @@ def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: fl
         print(f"warning: {emulation.world} ranks on {cores} cores: ranks share cores, so compute timings will be "
               "distorted", file=sys.stderr)  # fmt: skip
     with contextlib.ExitStack() as stack, _terminate_on_signal():
+        remove_stale_launch_dirs()
+        if emulation.link_bandwidth is None and netns_problem() is None:
+            remove_stale_namespaces()  # (NetnsNodes removes them itself)
         netns = stack.enter_context(NetnsNodes(emulation.link_bandwidth)) if emulation.link_bandwidth else None
-        logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distsim-launch-")))
+        logdir = _make_launch_dir()
+        stack.callback(shutil.rmtree, logdir, ignore_errors=True)
         master = netns.addresses[0] if netns else "127.0.0.1"
         port = _free_port() if netns is None else random.randint(20000, 60000)
+        watch_r, watch_w = os.pipe()  # neither end inherited unless passed: only the ranks get the read end
+        stack.callback(os.close, watch_w)  # after the ranks are stopped (callbacks run last first)
         procs: list[subprocess.Popen[bytes]] = []
         stack.callback(_stop, procs)
+        stack.callback(os.close, watch_r)
         for rank in range(emulation.world):
             node, local = divmod(rank, emulation.procs_per_node)
             rank_env = {
@@ -259,12 +407,13 @@ def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: fl
                 "DISTSIM_PIN_CPU": str(rank % cores),
                 "PYTHONUNBUFFERED": "1",
                 "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # e.g. hostname lookups in netns
+                LAUNCHER_FD_ENV: str(watch_r), LAUNCHER_PID_ENV: str(os.getpid()),
             }  # fmt: skip
             cmd = [*(netns.prefix(node) if netns else []), sys.executable, "-m", module]
             log = open(logdir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed when the process ends
             stack.callback(log.close)
             # rank 0 reports progress on our stderr; the others write to a log we quote if they fail
-            procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.DEVNULL,
+            procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.DEVNULL, pass_fds=(watch_r,),
                                           stderr=None if rank == 0 else log, start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while True:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distsim.errors import DistsimError
-from distsim.launch import WorkerConfig, inject_fault, worker_main
+from distsim.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_EXECUTE_CONFIG"
 
@@ -149,6 +149,7 @@ def run(cfg: ExecuteConfig) -> None:
         if cfg.burst:
             plan["burst"] = cfg.burst
         trace = Trace(plan, provenance, iterations, loss_rows)
+        stop_if_orphaned()  # a launcher killed mid-run abandoned it: no trace
         write_json(cfg.out, trace.to_dict())
         chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
         median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
@@ -314,6 +315,7 @@ def _capture(runtime: Any, cfg: ExecuteConfig, strategy: Any, rank: int, world: 
             loss = sum(losses) / len(losses)
             if cfg.burst:  # the last layer's ranks hold their shards' losses weighted by their share of the batch
                 loss_count, loss = len(runtime.layouts[-1]), sum(losses)
+            stop_if_orphaned()
             torch.save({"loss": loss, "losses": losses, "grads": captured["grads"],
                         "params": params, "expected_losses": loss_count}, cfg.check)  # fmt: skip
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distsim.errors import DistsimError
-from distsim.launch import WorkerConfig, inject_fault, worker_main
+from distsim.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_PROFILE_CONFIG"
 
@@ -251,6 +251,7 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
         if existing is not None:
             db = existing.merge(db)
             log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
+        stop_if_orphaned()  # a launcher killed mid-run abandoned it: no profile
         write_json(cfg.out, db.to_dict(), indent=1)
         log(f"wrote {cfg.out}: {len(results)} compute events and {len(comm)} communication measurements "
             f"in {elapsed:.1f} s")  # fmt: skip
