@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from distsim.cli.cluster_sim import DEFAULT_TRACE
 from distsim.elastic.cluster_sim import simulate_cluster
 from distsim.elastic.jobs import Job, TraceError, read_csv, read_philly, write_csv
 from distsim.elastic.scheduler import ESTIMATES, SCHEDULERS, Grant
@@ -92,7 +93,7 @@ def test_invariants(scheduler: str, seed: int) -> None:
 
 
 def test_elastic_beats_gang_on_the_shipped_trace() -> None:
-    jobs = read_csv("traces/cluster/synthetic-150.csv")
+    jobs = read_csv(DEFAULT_TRACE)
     gpus = {"V100": 32, "P100": 16, "T4": 16}
     yarn, homo, hetero = (simulate_cluster(jobs, gpus, s) for s in ("yarn-cs", "easyscale-homo", "easyscale"))
     assert yarn.jct_mean_s > homo.jct_mean_s > hetero.jct_mean_s

@@ -9,9 +9,15 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.common import check_outputs, parse_type_map
+from distsim.cli.common import FiniteFloatRange, Progress, check_outputs, parse_type_map
+from distsim.elastic.cluster_sim import DEFAULT_MAX_JOBS
+from distsim.errors import DistsimError
 
-DEFAULT_TRACE = os.path.join("traces", "cluster", "synthetic-150.csv")
+DEFAULT_TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "elastic", "data",
+                             "synthetic-150.csv")  # fmt: skip
+"""The shipped synthetic trace (package data, so the default works from any directory)."""
+PROGRESS_AFTER_S = 3.0
+"""A run that takes longer than this shows a progress line on stderr (0: always)."""
 DEFAULT_GPUS = "V100:32,P100:16,T4:16"
 COMPARED = ("yarn-cs", "easyscale-homo", "easyscale")
 # EasyScale Sec. 5.2 (artifact CSV: mean JCT 8904.97 / 1070.50 / 676.75 s, makespan 16560 / 6720 / 6000 s)
@@ -57,6 +63,7 @@ def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, li
     gets C_i = 1 / its simulated one-GPU iteration on each of the cluster's GPU types (one simulation per model and
     type); the second item lists the models it simulated (filled as the hook runs)."""
     from distsim.elastic.capability import capabilities
+    from distsim.elastic.jobs import MIN_CAPABILITY
     from distsim.models.zoo import ZOO, get_model
 
     cache: dict[str, dict[str, float] | None] = {}
@@ -67,6 +74,11 @@ def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, li
             cache[job.model] = None
             if job.model in ZOO:
                 caps = capabilities(get_model(job.model), list(cluster), batch)
+                for t, c in caps.items():
+                    if not c.per_s >= MIN_CAPABILITY:
+                        raise DistsimError(f"--simulate-capabilities {batch}: one {t} takes {c.iteration_s:,.0f} s "
+                                           f"per mini-batch of {job.model}, under the least capability of "
+                                           f"{MIN_CAPABILITY:g} mini-batches/s; give a smaller mini-batch")  # fmt: skip
                 cache[job.model] = {t: c.per_s for t, c in caps.items()}
                 simulated.append(job.model)
         return cache[job.model] if cache[job.model] is not None else job.capabilities
@@ -74,14 +86,23 @@ def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, li
     return hook, simulated
 
 
+def _after(progress: Progress, base: int, total: int) -> Any:
+    """One scheduler's `progress(done, jobs)` as a share of all schedulers' runs: `base` jobs finished before it."""
+    return lambda done, _jobs: progress(base + done, total)
+
+
 @cli.command("cluster-sim")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="FILE",
-              help=f"Synthetic .csv or Philly cluster_job_log .json trace [default: {DEFAULT_TRACE}].")  # fmt: skip
+              help="Synthetic .csv or Philly cluster_job_log .json trace [default: the shipped synthetic-150.csv, "
+                   "150 jobs, inside the distsim package].")  # fmt: skip
 @click.option("--scheduler", type=click.Choice(["both", *COMPARED]), default="both", show_default=True,
               help="Inter-job scheduler; both: YARN-CS, EasyScale-homo and EasyScale side by side.")  # fmt: skip
 @click.option("--gpus", default=DEFAULT_GPUS, show_default=True, help="GPUs per type, TYPE:COUNT,...")
-@click.option("--round-s", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+@click.option("--round-s", type=FiniteFloatRange(min=1.0), default=60.0, show_default=True,
               help="Seconds between EasyScale's scheduling rounds while they grant GPUs.")  # fmt: skip
+@click.option("--max-jobs", type=click.IntRange(min=1), default=DEFAULT_MAX_JOBS, show_default=True,
+              help="Refuse a trace of more jobs than this, before simulating (the cost per job grows with the "
+                   "queue: 20,000 overloaded jobs take about a minute under the three schedulers).")  # fmt: skip
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the JCT CDF and the GPU allocation ratio over time.")  # fmt: skip
 @click.option("--simulate-capabilities", "simulated_batch", type=click.IntRange(min=1), metavar="BATCH",
@@ -89,25 +110,30 @@ def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, li
                    "model at this mini-batch size (analytic costs), for jobs whose model is a zoo model (distsim "
                    "models); the others keep the trace's figures.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: float, plot_path: str | None,
-                simulated_batch: int | None, as_json: bool) -> None:  # fmt: skip
+def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: float, max_jobs: int,
+                plot_path: str | None, simulated_batch: int | None, as_json: bool) -> None:  # fmt: skip
     """Simulate a job trace on a GPU cluster: JCT (mean, p50, p95), makespan and GPU allocation ratio (EasyScale 5.2).
 
     \b
     Examples:
       distsim cluster-sim                                  # the shipped trace, all three schedulers
       distsim cluster-sim --scheduler easyscale --gpus V100:32,P100:16,T4:16 --plot docs/cluster-sim.png
-      distsim cluster-sim --trace cluster_job_log.json     # a Philly trace
+      distsim cluster-sim --trace cluster_job_log.json     # a Philly trace (not shipped: msr-fiddle/philly-traces)
     """
     from distsim.elastic.cluster_sim import simulate_cluster
     from distsim.elastic.jobs import read_trace
 
     check_outputs({"plot_path": plot_path, "as_json": as_json}, {}, {"plot_path": "--plot"})
     cluster = parse_gpus(gpus)
-    jobs = read_trace(trace_path or DEFAULT_TRACE)
+    jobs = read_trace(trace_path or DEFAULT_TRACE, max_jobs)
     names = COMPARED if scheduler == "both" else (scheduler,)
     hook, simulated = (None, []) if simulated_batch is None else simulated_capabilities(cluster, simulated_batch)
-    results = [simulate_cluster(jobs, cluster, name, round_s=round_s, capability=hook) for name in names]
+    total = len(names) * len(jobs)
+    what = f"jobs finished ({len(names)} schedulers in turn)" if len(names) > 1 else f"jobs finished under {scheduler}"
+    progress = Progress(total, what, after_s=PROGRESS_AFTER_S)
+    results = [simulate_cluster(jobs, cluster, name, round_s=round_s, capability=hook, max_jobs=max_jobs,
+                                progress=_after(progress, k * len(jobs), total))
+               for k, name in enumerate(names)]  # fmt: skip
     summaries = {r.scheduler: r.summary() for r in results}
     ratios = comparison(summaries)
     if as_json:

@@ -15,6 +15,20 @@ from distsim.errors import DistsimError
 GB = 1e9
 
 
+TIMEOUT_MAX_S = 365 * 86400
+"""The longest --timeout: a year (a timedelta, and gloo's timeout, overflow far beyond)."""
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, which lets 'nan' through every bound (and 'inf' through a missing one), refusing both."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
 def fmt_time(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.3f} s"
@@ -104,7 +118,7 @@ def grad_sync_options(default: str | None = None) -> Any:
 
     def decorate(f: Any) -> Any:
         cap = f"DDP bucket size in MiB (--grad-sync ddp). [default: {DDP_BUCKET_CAP_MB:g}]"
-        f = click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=None, help=cap)(f)
+        f = click.option("--bucket-cap-mb", type=FiniteFloatRange(min=0, min_open=True), default=None, help=cap)(f)
         return click.option("--grad-sync", type=click.Choice(list(MODES)), default=default,
                             show_default=default is not None,
                             help=f"Data-parallel gradient synchronisation. {modes}.{shown}")(f)  # fmt: skip

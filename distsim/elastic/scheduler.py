@@ -110,6 +110,8 @@ class EasyScale:
         new = {j: dict(c) for j, c in alloc.items()}
         left, grants, granted = dict(free), [], set()
         for job in jobs:  # 1. initial proposals, FIFO
+            if not any(left.values()):
+                break  # no GPU left to start anyone: the rest of the queue waits (saves a scan of a long queue)
             if new.get(job.job_id):
                 continue
             t = _fastest(job, left, 1)

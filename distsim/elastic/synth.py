@@ -17,8 +17,8 @@ jobs; neither is published with the paper, so this generator draws:
 ratios: compute-bound models by FP32 peak (V100 15.7, P100 9.3, T4 8.1 TFLOPS: 0.59 and 0.52), memory-bound ones
 (NeuMF, ShuffleNetV2) by memory bandwidth (900, 732, 320 GB/s: 0.81 and 0.36).
 
-The shipped trace ``traces/cluster/synthetic-150.csv`` is ``python -m distsim.elastic.synth --jobs 150 --seed 4
---out traces/cluster/synthetic-150.csv``.
+The shipped trace ``distsim/elastic/data/synthetic-150.csv`` (package data: ``distsim cluster-sim``'s default) is
+``python -m distsim.elastic.synth --jobs 150 --seed 4 --out distsim/elastic/data/synthetic-150.csv``.
 """
 
 from __future__ import annotations
