@@ -117,7 +117,7 @@ def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: floa
     \b
     Examples:
       distsim cluster-sim                                  # the shipped trace, all three schedulers
-      distsim cluster-sim --scheduler easyscale --gpus V100:32,P100:16,T4:16 --plot docs/cluster-sim.png
+      distsim cluster-sim --scheduler easyscale --gpus V100:32,P100:16,T4:16 --plot cluster-sim.png
       distsim cluster-sim --trace cluster_job_log.json     # a Philly trace (not shipped: msr-fiddle/philly-traces)
     """
     from distsim.elastic.cluster_sim import simulate_cluster
