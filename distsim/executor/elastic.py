@@ -27,7 +27,9 @@ gradient is computed from zeros into its own buffer.
 
 On-demand checkpoint (:func:`save_checkpoint`): the step reached, every EST's context (its RNG state; its data
 progress is the step, since its shard is a function of (step, EST)), and one copy of the parameters and the optimizer
-state. A run stopped at step k on n ranks resumes on m ranks with the same bits as a run that never stopped.
+state. A run stopped at step k on n ranks resumes on m ranks with the same bits as a run that never stopped. The file
+(:mod:`distsim.executor.elastic_checkpoint`) has a verified header (format, model and parameters, step, the
+hyper-parameters the ESTs are tied to, the payload's SHA-256) and is loaded as tensors only, after every check.
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from torch import Tensor
 from distsim.errors import DistsimError
 from distsim.executor.model import seeded
 from distsim.executor.runtime import Runtime
-from distsim.launch import WorkerConfig, worker_main
+from distsim.launch import WorkerConfig, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_ELASTIC_CONFIG"
-CHECKPOINT_FORMAT = "distsim-elastic-checkpoint/1"
+CHECKPOINT_FORMAT = "distsim-elastic-checkpoint/2"
+"""The trainer's state (in memory, and the payload of a checkpoint file: :mod:`distsim.executor.elastic_checkpoint`)."""
 
 
 @dataclass
@@ -80,6 +83,31 @@ def est_range(rank: int, world: int, max_workers: int) -> range:
     if not 1 <= world <= max_workers:
         raise DistsimError(f"elastic execution runs {max_workers} EST(s) on 1 to {max_workers} ranks, not {world}")
     return range(rank * max_workers // world, (rank + 1) * max_workers // world)
+
+
+EST_CONTEXT_BYTES = 5_600
+"""Memory of one EST's context, its RNG state (a 5,056-byte CPU generator state): 5,574 bytes of resident memory each,
+measured over 200,000 of them on a 2-core AMD EPYC (and 21.7 us to make each)."""
+
+
+def memory_needed(params: int, max_workers: int, world: int, activation_bytes: float = 0.0) -> int:
+    """Bytes one rank of an elastic run of a model of `params` fp32 parameters allocates: its ESTs' gradient buffers
+    (one per EST slot, :attr:`ElasticTrainer.slots`), every rank's buffers gathered each step (world > 1), the
+    parameters, the shared gradient buffer, Adam's two moments and the reduction's accumulator, every EST's context
+    twice (the live RNG states, and their copy in a checkpoint), and `activation_bytes`, what one EST's mini-batch
+    keeps from its forward to its backward (:func:`activation_bytes`; the ESTs run one after the other)."""
+    slots = -(-max_workers // world)
+    gathered = world * slots if world > 1 else 0
+    return 4 * params * (slots + gathered + 5) + 2 * max_workers * EST_CONTEXT_BYTES + int(activation_bytes)
+
+
+def activation_bytes(model: Any, micro_batch_size: int) -> float:
+    """The activations one EST's mini-batch keeps for its backward, by the memory model (distsim.memory: 197,632
+    bytes a sample for the small BERT of the tests, hidden 64, 2 layers, sequence 16; measured on a 2-core AMD EPYC,
+    peak resident memory over mini-batches of 2,000 and 8,000 samples: 196,900 bytes a sample)."""
+    from distsim.memory import layer_activations
+
+    return micro_batch_size * sum(layer_activations(model, i, 1, False, "none").stored for i in range(model.num_layers))
 
 
 def initial_rng_state(seed: int, est: int) -> Tensor:
@@ -128,7 +156,7 @@ class ElasticTrainer:
             raise DistsimError(f"elastic execution trains fp32 models on the CPU; {model.name} is "
                                f"{model.precision.name} (add precision=fp32 to its spec)")  # fmt: skip
         self.model, self.max_workers, self.rank, self.world = model, max_workers, rank, world
-        self.seed, self.naive, self.mask_tokens = seed, naive, mask_tokens
+        self.seed, self.naive, self.mask_tokens, self.lr = seed, naive, mask_tokens, lr
         self.ests = est_range(rank, world, max_workers)
         self.slots = -(-max_workers // world)  # the most ESTs a rank runs: every rank sends this many buffers
         single = Strategy(micro_batch_size=micro_batch_size, num_micro_batches=1, partition=(model.num_layers,))
@@ -223,35 +251,93 @@ class ElasticTrainer:
         return {
             "format": CHECKPOINT_FORMAT, "model": self.model.name, "max_workers": self.max_workers,
             "seed": self.seed, "micro_batch_size": self.runtime.strategy.micro_batch_size, "step": self.step_index,
-            "mask_tokens": self.mask_tokens,
+            "mask_tokens": self.mask_tokens, "lr": self.lr,
             "ests": [{"rng": self.rng[e].clone(), "step": self.step_index} for e in range(self.max_workers)],
             "params": {k: p.detach().clone() for k, p in self.named_params().items()},
             "optimizer": self.runtime.optimizer.opt.state_dict(),  # type: ignore[union-attr]
         }  # fmt: skip
 
-    def load(self, state: dict[str, Any]) -> None:
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise DistsimError(f"not an elastic checkpoint (format {state.get('format')!r})")
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must have been made for to resume into this trainer (its header's identity fields)."""
+        from distsim.executor.elastic_checkpoint import params_spec
+
+        return {"model": self.model.name, "max_workers": self.max_workers, "seed": self.seed,
+                "micro_batch_size": self.runtime.strategy.micro_batch_size, "mask_tokens": self.mask_tokens,
+                "lr": self.lr, "params": params_spec(self.named_params())}  # fmt: skip
+
+    def load(self, state: dict[str, Any], where: str = "the checkpoint") -> None:
+        """Resume from `state` (as :meth:`state` returns it), after checking that it is one and made for this
+        trainer; `where` names it in the one-line errors."""
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise DistsimError(f"{where}: not an elastic checkpoint (format {got!r})")
+        if state.get("model") != self.model.name:
+            raise DistsimError(f"{where}: made for model {state.get('model')}, not {self.model.name}")
         for key, want in (("max_workers", self.max_workers), ("seed", self.seed),
                           ("micro_batch_size", self.runtime.strategy.micro_batch_size),
-                          ("mask_tokens", self.mask_tokens)):  # fmt: skip
-            if state[key] != want:
-                raise DistsimError(f"the checkpoint was written with {key.replace('_', ' ')} {state[key]}, this run "
-                                   f"has {want}: the hyper-parameters are tied to the ESTs, not the ranks")  # fmt: skip
+                          ("mask_tokens", self.mask_tokens), ("lr", self.lr)):  # fmt: skip
+            if state.get(key) != want:
+                raise DistsimError(f"{where}: written with {key.replace('_', ' ')} {state.get(key)}, this run has "
+                                   f"{want}: the hyper-parameters are tied to the ESTs, not the ranks")  # fmt: skip
+        step = state.get("step")
+        if type(step) is not int or step < 0:
+            raise DistsimError(f"{where}: step {step!r} is not a valid step")
         params = self.named_params()
-        if set(params) != set(state["params"]):
-            raise DistsimError(f"the checkpoint holds the parameters of another model than {self.model.name}")
+        saved = state.get("params")
+        if not isinstance(saved, dict) or set(params) != set(saved):
+            raise DistsimError(f"{where}: holds the parameters of another model than {self.model.name}")
+        for k, p in params.items():
+            t = saved[k]
+            if not isinstance(t, Tensor) or t.shape != p.shape or t.dtype != p.dtype:
+                raise DistsimError(f"{where}: parameter {k} is not a {tuple(p.shape)} {p.dtype} tensor")
+        ests = state.get("ests")
+        if not (isinstance(ests, list) and len(ests) == self.max_workers and all(_context_ok(c, step) for c in ests)):
+            raise DistsimError(f"{where}: its EST contexts are not {self.max_workers} RNG states at step {step}")
+        self._check_optimizer(state.get("optimizer"), where)
         with torch.no_grad():
             for k, p in params.items():
-                p.copy_(state["params"][k])
+                p.copy_(saved[k])
         self.runtime.optimizer.opt.load_state_dict(state["optimizer"])  # type: ignore[union-attr]
-        self.rng = {e: ctx["rng"].clone() for e, ctx in enumerate(state["ests"])}
-        self.step_index = int(state["step"])
+        self.rng = {e: ctx["rng"].clone() for e, ctx in enumerate(ests)}
+        self.step_index = step
+
+    def _check_optimizer(self, saved: Any, where: str) -> None:
+        """Adam's state as this trainer's optimizer saves it: the same groups of the same tensors, each tensor's
+        moments of its shape (load_state_dict checks the group sizes, not the shapes)."""
+        opt = self.runtime.optimizer.opt  # type: ignore[union-attr]
+        shapes = [p.shape for group in opt.param_groups for p in group["params"]]
+        mine = [g["params"] for g in opt.state_dict()["param_groups"]]
+        groups = saved.get("param_groups") if isinstance(saved, dict) else None
+        states = saved.get("state") if isinstance(saved, dict) else None
+        ok = (isinstance(groups, list) and isinstance(states, dict)
+              and [g.get("params") if isinstance(g, dict) else None for g in groups] == mine
+              and all(_adam_state_ok(index, st, shapes) for index, st in states.items()))  # fmt: skip
+        if not ok:
+            raise DistsimError(f"{where}: its optimizer state is not Adam's over this model's parameters")
+
+
+def _context_ok(context: Any, step: int) -> bool:
+    """One EST's saved context: a CPU generator's state (as torch.get_rng_state returns it) at `step`."""
+    rng = context.get("rng") if isinstance(context, dict) else None
+    return (isinstance(rng, Tensor) and rng.dtype == torch.uint8 and rng.shape == torch.get_rng_state().shape
+            and context.get("step") == step)  # fmt: skip
+
+
+def _adam_state_ok(index: Any, st: Any, shapes: list[torch.Size]) -> bool:
+    """One parameter's Adam state: its step, and its two moments of the parameter's shape."""
+    if not (type(index) is int and 0 <= index < len(shapes) and isinstance(st, dict)):
+        return False
+    moments = [st.get(k) for k in ("exp_avg", "exp_avg_sq")]
+    return isinstance(st.get("step"), Tensor) and all(
+        isinstance(m, Tensor) and m.shape == shapes[index] for m in moments
+    )
 
 
 def save_checkpoint(trainer: ElasticTrainer, path: str) -> None:
     """Rank 0 writes the checkpoint (every rank holds the same parameters and optimizer state; the EST contexts of
-    the other ranks are gathered first)."""
+    the other ranks are gathered first), atomically: :func:`distsim.executor.elastic_checkpoint.write_checkpoint`."""
+    from distsim.executor.elastic_checkpoint import write_checkpoint
+
     if trainer.world > 1:
         local = {e: trainer.rng[e] for e in trainer.ests}
         parts: list[Any] = [None] * trainer.world
@@ -259,9 +345,7 @@ def save_checkpoint(trainer: ElasticTrainer, path: str) -> None:
         for part in parts:
             trainer.rng.update(part)
     if trainer.rank == 0:
-        tmp = f"{path}.tmp"
-        torch.save(trainer.state(), tmp)
-        os.replace(tmp, path)
+        write_checkpoint(trainer.state(), path)
     if trainer.world > 1:
         dist.barrier()
 
@@ -295,11 +379,9 @@ def run(cfg: ElasticConfig) -> None:
     trainer = ElasticTrainer(model, cfg.max_workers, rank, world, cfg.micro_batch_size, cfg.seed, cfg.lr, cfg.naive,
                              cfg.mask_tokens)  # fmt: skip
     if cfg.resume:
-        try:
-            state = torch.load(cfg.resume, map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError) as exc:
-            raise DistsimError(f"cannot read the checkpoint {cfg.resume}: {exc}") from None
-        trainer.load(state)
+        from distsim.executor.elastic_checkpoint import read_checkpoint
+
+        trainer.load(read_checkpoint(cfg.resume, trainer.identity()), f"cannot resume {cfg.resume}")
         if rank == 0:
             _log(f"resumed {cfg.resume} at step {trainer.step_index} on {world} rank(s)")
     first = trainer.step_index
@@ -309,11 +391,15 @@ def run(cfg: ElasticConfig) -> None:
             _log(f"step {trainer.step_index}/{first + cfg.steps}: ESTs {trainer.ests.start}-{trainer.ests.stop - 1} "
                  f"of {cfg.max_workers} on rank 0, their mean loss {statistics.fmean(losses):.4f}")  # fmt: skip
     if cfg.checkpoint_out:
+        stop_if_orphaned()  # a launcher killed mid-run abandoned it: no checkpoint
         save_checkpoint(trainer, cfg.checkpoint_out)
         if rank == 0:
             _log(f"wrote checkpoint {cfg.checkpoint_out} (step {trainer.step_index}, {cfg.max_workers} EST contexts)")
     if cfg.params_out and rank == 0:
-        torch.save({k: p.detach().clone() for k, p in trainer.named_params().items()}, cfg.params_out)
+        from distsim.executor.elastic_checkpoint import save_atomically
+
+        stop_if_orphaned()
+        save_atomically({k: p.detach().clone() for k, p in trainer.named_params().items()}, cfg.params_out)
     if trainer.switches and rank == 0:
         o = overhead(trainer.switches)
         _log(f"context switch per EST: {o['switch_ms']:.2f} ms against {o['compute_ms']:.1f} ms of compute "
