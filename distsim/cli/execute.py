@@ -9,6 +9,8 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import (
+    TIMEOUT_MAX_S,
+    FiniteFloatRange,
     grad_sync_options,
     invoked_command,
     load_costs,
@@ -55,7 +57,7 @@ from distsim.output import check_output
 @click.option("--emulate-nodes", type=click.IntRange(min=1), help="Launch all ranks on this machine as N nodes.")
 @click.option("--procs-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
 @click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (1gbit).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=1, max=TIMEOUT_MAX_S), default=900, show_default=True,
               help="Seconds before a hung run is stopped.")  # fmt: skip
 @click.option("--check", type=click.Path(dir_okay=False), hidden=True, help="Write iteration 0's loss and gradients.")
 @click.option("--force", is_flag=True, help="Run even when the simulator says the plan does not fit in memory.")
@@ -64,7 +66,7 @@ from distsim.output import check_output
 @click.option("--steps", type=click.IntRange(min=0), default=1, show_default=True, help="Global steps of --elastic.")
 @click.option("--checkpoint-out", type=click.Path(dir_okay=False), help="--elastic: checkpoint after the steps.")
 @click.option("--resume", type=click.Path(dir_okay=False), help="--elastic: resume this checkpoint (any rank count).")
-@click.option("--mask-tokens", type=click.FloatRange(0, 1, max_open=True), metavar="FRACTION",
+@click.option("--mask-tokens", type=FiniteFloatRange(0, 1, max_open=True), metavar="FRACTION",
               help="--elastic: mask this fraction of input tokens, drawn from each EST's RNG stream.")  # fmt: skip
 @click.option("--params-out", type=click.Path(dir_okay=False), hidden=True, help="--elastic: final parameters.")
 @click.option("--naive-allreduce", is_flag=True, hidden=True, help="--elastic: gloo all-reduce (not D1).")
@@ -82,15 +84,12 @@ def execute(**kw: Any) -> None:
     Elastic (EasyScale's ESTs; bit-identical parameters on 1, 2 or 4 ranks, and across a resume):
       distsim execute --elastic --max-workers 4 --model bert-cpu --steps 3 --emulate-nodes 1 --procs-per-node 2
     """
+    refuse_unused_options(kw)
     if kw["elastic"]:
         from distsim.cli.execute_elastic import run_elastic
 
         run_elastic(kw)
         return
-    elastic_only = [f for f in ("max_workers", "checkpoint_out", "resume", "params_out", "naive_allreduce",
-                                           "mask_tokens") if kw[f]]  # fmt: skip
-    if elastic_only:
-        raise DistsimError(f"--{elastic_only[0].replace('_', '-')} applies to --elastic runs only")
     from distsim.executor.support import refuse_unsupported
     from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
     from distsim.flow.events import resolve_partition
@@ -175,6 +174,50 @@ def execute(**kw: Any) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+PLAN, ELASTIC, BOTH = "plan", "elastic", "both"
+USED_BY: dict[str, str] = {
+    "model_name": BOTH, "cluster_name": PLAN, "nodes": PLAN, "strategy_text": PLAN, "plan_path": PLAN,
+    "micro_batches": PLAN, "micro_batch_size": BOTH, "schedule": PLAN, "virtual_stages": PLAN, "policy": PLAN,
+    "grad_sync": PLAN, "bucket_cap_mb": PLAN, "recompute": PLAN, "recompute_layers": PLAN, "sequence_parallel": PLAN,
+    "optimizer_sharding": PLAN, "partition": PLAN, "profile_path": PLAN, "p2p_mode": PLAN, "iterations": PLAN,
+    "warmup": PLAN, "seed": BOTH, "out": PLAN, "emulate_nodes": BOTH, "procs_per_node": BOTH, "link_bandwidth": PLAN,
+    "timeout": BOTH, "check": PLAN, "force": PLAN, "elastic": BOTH, "max_workers": ELASTIC, "steps": ELASTIC,
+    "checkpoint_out": ELASTIC, "resume": ELASTIC, "mask_tokens": ELASTIC, "params_out": ELASTIC,
+    "naive_allreduce": ELASTIC,
+}  # fmt: skip
+"""Which runs use each option of ``distsim execute``: a plan's (a strategy or a plan file, traced), an elastic one's
+(--elastic: P ESTs data-parallel, the whole model on each rank, no trace), or both. An option given on the command
+line (or from the environment), even with its default value, to a run that does not use it is refused."""
+
+
+def _flag(param: click.Parameter) -> str:
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+
+def refuse_unused_options(kw: dict[str, Any]) -> None:
+    """One line for the first option given that this kind of run does not use (:data:`USED_BY`), never ignored."""
+    from click.core import ParameterSource
+
+    mode = ELASTIC if kw["elastic"] else PLAN
+    ctx = click.get_current_context(silent=True)
+    for param in execute.params:
+        if param.name not in kw or USED_BY[param.name] in (BOTH, mode):
+            continue
+        if ctx is None:  # called without click (a test): given is what is set and differs from the default
+            given = kw[param.name] not in (None, False) and kw[param.name] != param.default
+        else:  # from the command line or the environment, even with the default's value
+            given = ctx.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT,
+                                                                 ParameterSource.DEFAULT_MAP)  # fmt: skip
+        if not given:
+            continue
+        if mode == PLAN:
+            raise DistsimError(f"{_flag(param)} applies to --elastic runs only")
+        takes = ", ".join(_flag(p) for p in execute.params if USED_BY.get(p.name or "") in (BOTH, ELASTIC)
+                          and not getattr(p, "hidden", False) and p.name != "elastic")  # fmt: skip
+        raise DistsimError(f"{_flag(param)} does not apply to --elastic (P ESTs data-parallel, the whole model on "
+                           f"each rank, no trace), which takes {takes}")  # fmt: skip
 
 
 def _burst_form(plan: Any, kw: dict[str, Any]) -> dict[str, Any]:

@@ -14,26 +14,19 @@ from distsim.cli.common import invoked_command, need_torch, portable
 from distsim.errors import DistsimError
 from distsim.output import check_output
 
-IGNORED = ("cluster_name", "strategy_text", "plan_path", "micro_batches", "schedule", "virtual_stages", "policy",
-           "partition", "profile_path", "check")  # fmt: skip
-"""execute's options that have no meaning for an elastic run (it has no plan: P ESTs, whole model per rank)."""
-
 
 def run_elastic(kw: dict[str, Any]) -> None:
+    """Check an elastic run's options (execute's others are refused by its USED_BY table), then run its ranks."""
     from distsim.executor.elastic import CONFIG_ENV, ElasticConfig, est_range
     from distsim.io import load_model
     from distsim.launch import Emulation
 
-    given = [name for name in IGNORED if kw.get(name)]
-    if given:
-        flag = "--" + given[0].replace("_name", "").replace("_text", "").replace("_path", "").replace("_", "-")
-        raise DistsimError(f"{flag} does not apply to --elastic (P ESTs data-parallel, the whole model on each rank)")
     if not kw["model_name"]:
         raise click.UsageError("give --model (e.g. bert-cpu)")
     if not kw["max_workers"]:
         raise click.UsageError("--elastic needs --max-workers P (the number of ESTs)")
-    if kw["checkpoint_out"]:
-        check_output(kw["checkpoint_out"], "--checkpoint-out", stream_ok=False)
+    check_output(kw["checkpoint_out"], "--checkpoint-out", stream_ok=False)
+    check_output(kw["params_out"], "--params-out", stream_ok=False)
     if kw["resume"] and not os.path.isfile(kw["resume"]):
         raise DistsimError(f"--resume: no checkpoint file {kw['resume']}")
     model = load_model(kw["model_name"])
@@ -42,11 +35,11 @@ def run_elastic(kw: dict[str, Any]) -> None:
                            f"{model.precision.name} (add precision=fp32 to its spec)")  # fmt: skip
     need_torch("execute --elastic")
     emulation = Emulation(kw["emulate_nodes"], kw["procs_per_node"]) if kw["emulate_nodes"] else None
-    if kw["link_bandwidth"]:
-        raise DistsimError("--link-bandwidth does not apply to --elastic")
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
     est_range(0, world, kw["max_workers"])
+    here = emulation.world if emulation else (int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1)
+    _refuse_out_of_memory(model, kw["max_workers"], kw["micro_batch_size"] or 1, world, here)
     cfg = ElasticConfig(
         model=portable(kw["model_name"]), max_workers=kw["max_workers"], steps=kw["steps"],
         micro_batch_size=kw["micro_batch_size"] or 1, seed=kw["seed"],
@@ -56,6 +49,12 @@ def run_elastic(kw: dict[str, Any]) -> None:
         naive=kw["naive_allreduce"], mask_tokens=kw["mask_tokens"] or 0.0, timeout_s=kw["timeout"],
         command=invoked_command(),
     )  # fmt: skip
+    if cfg.resume:  # before any rank starts: all but the parameters' shapes (each rank checks those, and again all)
+        from distsim.executor.elastic_checkpoint import verify_checkpoint
+
+        verify_checkpoint(cfg.resume, {"model": model.name, "max_workers": cfg.max_workers, "seed": cfg.seed,
+                                       "micro_batch_size": cfg.micro_batch_size, "mask_tokens": cfg.mask_tokens,
+                                       "lr": cfg.lr})  # fmt: skip
     click.echo(f"executing {model.name} elastically: {cfg.max_workers} ESTs on {world} rank(s), {cfg.steps} step(s)",
                err=True)  # fmt: skip
     from distsim.executor import elastic
@@ -66,3 +65,38 @@ def run_elastic(kw: dict[str, Any]) -> None:
         from distsim.launch import launch
 
         launch("distsim.executor.elastic", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give without swapping (MemAvailable), None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _refuse_out_of_memory(model: Any, max_workers: int, micro_batch_size: int, world: int, here: int) -> None:
+    """Refuse --max-workers (or --micro-batch-size) whose ESTs' buffers and activations
+    (:func:`~distsim.executor.elastic.memory_needed`, per rank, times the `here` ranks on this machine) exceed the
+    memory available, before anything is allocated."""
+    from distsim.executor.elastic import activation_bytes, memory_needed
+
+    acts = activation_bytes(model, micro_batch_size)
+    need, free = memory_needed(model.params, max_workers, world, acts) * here, available_memory()
+    if free is None or need <= free:
+        return
+    slots = -(-max_workers // world)
+    gathered = ", all P gathered on every rank each step" if world > 1 else ""
+    raise DistsimError(
+        f"--max-workers {max_workers}, --micro-batch-size {micro_batch_size}: {max_workers:,} ESTs of {model.name} "
+        f"({model.params:,} parameters) on {world} rank(s) need about {need / 1e9:,.1f} GB of memory here ({here} "
+        f"rank(s), each with {slots:,} EST gradient buffers of {4 * model.params / 1e6:,.1f} MB{gathered}, the ESTs' "
+        f"RNG states and {acts / 1e9:,.1f} GB of one mini-batch's activations), over the {free / 1e9:,.1f} GB available"
+    )
