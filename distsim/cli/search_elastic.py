@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -63,19 +64,25 @@ def elastic(**kw: Any) -> None:
     model = load_model(kw["model_name"])
     caps: dict[str, Capability] = {}
     for t in available:
-        if t in given:
-            caps[t] = Capability(t, given[t], None, None, None, "given (--capabilities)")
-        else:
-            caps[t] = measure(model, t, kw["micro_batch_size"])
+        caps[t] = measure(model, t, kw["micro_batch_size"])
+        if t in given:  # the simulated peak memory stays: an EST must fit whatever its speed
+            caps[t] = replace(caps[t], per_s=given[t], iteration_s=None, source="given (--capabilities)")
     rates = {t: c.per_s for t, c in caps.items()}
-    everything = enumerate_plans(kw["max_workers"], rates, available)
+    hosting = {t: n for t, n in available.items() if caps[t].fits}  # a GPU that cannot hold one EST hosts none
+    if any(available.values()) and not any(hosting.values()):
+        short = "; ".join(f"{t}: needs {caps[t].peak_memory_bytes / 1e9:,.1f} GB of "
+                          f"{caps[t].memory_bytes / 1e9:,.0f} GB" for t, n in available.items() if n)  # fmt: skip
+        raise DistsimError(f"no elastic plan for {kw['max_workers']} ESTs on {kw['gpus_text']}: no GPU holds one EST "
+                           f"of {model.name} at --micro-batch-size {kw['micro_batch_size']} ({short})")  # fmt: skip
+    everything = enumerate_plans(kw["max_workers"], rates, hosting)
     plans = cut_plans(everything, kw["waste_cut"])
     shown = plans if kw["top"] == 0 else plans[: kw["top"]]
     if kw["as_json"]:
         click.echo(json.dumps({
             "model": model.name, "max_workers": kw["max_workers"], "micro_batch_size": kw["micro_batch_size"],
             "available": available, "capabilities": {t: c.to_dict() for t, c in caps.items()},
-            "waste_cut": kw["waste_cut"], "planned": len(everything), "cut": len(everything) - len(plans),
+            "waste_cut": kw["waste_cut"], "unfit": [t for t in available if not caps[t].fits],
+            "planned": len(everything), "cut": len(everything) - len(plans),
             "plans": [p.to_dict() for p in shown],
         }, indent=2))  # fmt: skip
         return
@@ -95,7 +102,7 @@ def _report(model: str, kw: dict[str, Any], available: dict[str, int], caps: dic
              f"{', '.join(f'{n} {t}' for t, n in available.items())}; capabilities C_i:"]  # fmt: skip
     for t, c in caps.items():
         memory = "" if c.fits else (f"; one EST needs {c.peak_memory_bytes / 1e9:.1f} GB, over the GPU's "
-                                    f"{c.memory_bytes / 1e9:.0f} GB")  # fmt: skip
+                                    f"{c.memory_bytes / 1e9:.0f} GB: not planned")  # fmt: skip
         lines.append(f"  {t:<6} {c.per_s:10.3f} mini-batches/s  ({c.source}{memory})")
     cut = len(everything) - len(plans)
     lines += [

@@ -22,11 +22,17 @@ still >= maxP) within the available counts. A multiset is kept at the first (sho
 plan is a GPU multiset at its fastest mapping; this finds the best plan that any N_i <= available, A_i <= maxP can
 give. Plans whose normalised waste (waste over sum_i N_i C_i) exceeds the cut (0.30 in the paper) are dropped.
 
+That sweep costs about maxP steps per type; the same plans come from every GPU multiset within the available counts
+(at most maxP GPUs) at its shortest step, found by bisection over each type's a (log maxP per multiset), which costs
+nothing more for a larger maxP. :func:`enumerate_plans` runs whichever is cheaper (the sets for few GPUs and a large
+maxP, the sweep otherwise) and refuses inputs for which both would take long or that have too many plans.
+
 Pure: no simulator, no I/O; capabilities come from :mod:`distsim.elastic.capability` or the user.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -130,9 +136,17 @@ def rank_key(plan: ElasticPlan, order: Mapping[str, int]) -> tuple:
 
 
 # ----------------------------------------------------------------------------------------------- enumeration
+#: The most ESTs a job may have: step times are compared with a relative tolerance of 1e-9 (_EPS), which stops
+#: resolving one EST beyond 10^9 (and the planner's cost does not grow with maxP: no other reason to stop).
+MAX_WORKERS = 10**9
+
+
 def _check(max_workers: int, capabilities: Mapping[str, float], available: Mapping[str, int]) -> None:
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ElasticPlanError(f"maxP (--max-workers) must be an integer >= 1, got {max_workers!r}")
+    if max_workers > MAX_WORKERS:
+        raise ElasticPlanError(f"maxP (--max-workers) {max_workers} is over the planner's limit of {MAX_WORKERS:,} "
+                               "ESTs (its step times resolve one EST up to there)")  # fmt: skip
     for t, n in available.items():
         if t not in capabilities:
             raise ElasticPlanError(f"GPU type {t!r} has no capability (known: {', '.join(sorted(capabilities))})")
@@ -143,9 +157,9 @@ def _check(max_workers: int, capabilities: Mapping[str, float], available: Mappi
             raise ElasticPlanError(f"capability of {t} must be a positive number of mini-batches/s, got {c!r}")
 
 
-def _minimal_counts(types: list[str], per_gpu: list[int], limits: list[int], need: int) -> Iterator[tuple[int, ...]]:
+def _minimal_counts(per_gpu: list[int], limits: list[int], need: int) -> Iterator[tuple[int, ...]]:
     """Every (N_1..N_k), N_i <= limits[i], with sum N_i A_i >= need from which no single GPU can be removed."""
-    k = len(types)
+    k = len(per_gpu)
     # the most ESTs types i.. can add, to prune
     reach = [0] * (k + 1)
     for i in range(k - 1, -1, -1):
@@ -178,26 +192,151 @@ def _minimal_counts(types: list[str], per_gpu: list[int], limits: list[int], nee
 def enumerate_plans(max_workers: int, capabilities: Mapping[str, float],
                     available: Mapping[str, int]) -> list[ElasticPlan]:  # fmt: skip
     """Every minimal GPU multiset within `available` that hosts maxP ESTs, at its shortest step (module docstring),
-    ranked by :func:`rank_key` in the order of `available`; no waste cut."""
+    ranked by :func:`rank_key` in the order of `available`; no waste cut.
+
+    Two exact enumerations of the same plans, whichever costs less (:func:`_cost_us`): the sweep over the step times
+    a / C_i (up to maxP steps per type: cheap for small maxP), or every GPU multiset within `available` at its
+    shortest step found by bisection (log maxP steps per multiset: cheap for few GPUs, however large maxP). Inputs
+    for which both would take over :data:`MAX_PLAN_US`, or that have more than :data:`MAX_PLANS` plans, are refused
+    (ElasticPlanError)."""
     _check(max_workers, capabilities, available)
     types = [t for t, n in available.items() if n > 0]
     if not types:
         return []
     caps = [float(capabilities[t]) for t in types]
-    limits = [available[t] for t in types]
-    steps = sorted({(a / c, a, j) for j, c in enumerate(caps) for a in range(1, max_workers + 1)})
-    seen: set[tuple[int, ...]] = set()
+    limits = [min(available[t], max_workers) for t in types]  # a minimal set never has more than maxP GPUs
+    space = _Space(max_workers, caps, limits)
+    sweep_us, sets_us = _cost_us(space)
+    if min(sweep_us, sets_us) > MAX_PLAN_US:
+        raise ElasticPlanError(
+            f"planning {max_workers} ESTs on {_gpus(available)} would take about {min(sweep_us, sets_us) / 1e6:,.0f} s "
+            f"({space.step_count():,} step times, or {space.set_count():,} GPU sets, to examine), over the planner's "
+            f"limit of {MAX_PLAN_US / 1e6:.0f} s: give fewer ESTs (--max-workers) or fewer GPUs (--gpus)"
+        )
+    found = space.by_sweep() if sweep_us <= sets_us else space.by_set()
     plans: list[ElasticPlan] = []
-    for f, a, j in steps:
-        per_gpu = [a if i == j else min(max_workers, math.floor(f * c * (1 + _EPS))) for i, c in enumerate(caps)]
-        for counts in _minimal_counts(types, per_gpu, limits, max_workers):
-            if counts in seen:
-                continue
-            seen.add(counts)
-            plans.append(make_plan(dict(zip(types, counts, strict=True)), dict(zip(types, per_gpu, strict=True)),
-                                   capabilities, max_workers))  # fmt: skip
+    for counts, per_gpu in found:
+        if len(plans) == MAX_PLANS:
+            raise ElasticPlanError(f"{max_workers} ESTs on {_gpus(available)} have more than {MAX_PLANS:,} plans: give "
+                                   "fewer GPU types or fewer GPUs of each (--gpus)")  # fmt: skip
+        plans.append(make_plan(dict(zip(types, counts, strict=True)), dict(zip(types, per_gpu, strict=True)),
+                               capabilities, max_workers))  # fmt: skip
     order = {t: i for i, t in enumerate(types)}
     return sorted(plans, key=lambda p: rank_key(p, order))
+
+
+#: Plans one enumeration may produce: each costs about 850 bytes and 25 us (measured: 135,709 plans of 24 ESTs on
+#: 32 GPUs of each of 8 types, 3.4 s and 114 MB on a 2-core AMD EPYC); 200,000 bound it to about 170 MB and 5 s.
+MAX_PLANS = 200_000
+
+#: The enumeration's cost before it starts, from per-unit times measured on a 2-core AMD EPYC: a step of the sweep
+#: about 7 us (200,000 ESTs on V100:4,T4:4: 350,001 steps in 2.5 s; more where steps find many plans), a GPU set's
+#: bisections about 1 us per (type x type x bit of maxP) (64 ESTs on 32 V100, P100 and T4: 2.26 M such units in
+#: 1.1 s; 10^9 ESTs on V100:100,T4:100: 1.22 M in 1.6 s). Inputs whose cheaper enumeration would take longer than
+#: this are refused before it starts.
+SWEEP_STEP_US = 7.0
+SET_UNIT_US = 1.0
+MAX_PLAN_US = 20e6
+
+
+def _gpus(available: Mapping[str, int]) -> str:
+    return ",".join(f"{t}:{n}" for t, n in available.items())
+
+
+class _Space:
+    """The step times and GPU multisets of one enumeration (types with GPUs available, their C_i, and how many of
+    each a minimal set can use)."""
+
+    def __init__(self, max_workers: int, caps: list[float], limits: list[int]) -> None:
+        self.p, self.caps, self.limits = max_workers, caps, limits
+        # below first[j] ESTs, a step of type j cannot host maxP ESTs even on every available GPU
+        self.first = [self.first_fit(limits, j) for j in range(len(caps))]
+
+    def per_gpu(self, a: int, j: int) -> list[int]:
+        """The ESTs each type's GPU hosts at step a / C_j: a on type j, what fits in that step on the others."""
+        f = a / self.caps[j]
+        return [a if i == j else min(self.p, math.floor(f * c * (1 + _EPS))) for i, c in enumerate(self.caps)]
+
+    def hosts(self, counts: list[int] | tuple[int, ...], a: int, j: int) -> bool:
+        return sum(n * e for n, e in zip(counts, self.per_gpu(a, j), strict=True)) >= self.p
+
+    def first_fit(self, counts: list[int] | tuple[int, ...], j: int) -> int | None:
+        """The fewest ESTs a of type j whose step a / C_j lets `counts` host maxP ESTs (bisection: hosting only grows
+        with a); None if no step of type j does."""
+        lo, hi = 1, self.p
+        if not self.hosts(counts, hi, j):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.hosts(counts, mid, j):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def step_count(self) -> int:
+        """The sweep's steps."""
+        return sum(self.p - a + 1 for a in self.first if a is not None)
+
+    def set_count(self) -> int:
+        """An upper bound of the GPU sets :meth:`by_set` examines: within the limits, with at most maxP GPUs."""
+        k = len(self.limits)
+        return min(math.prod(n + 1 for n in self.limits), math.comb(self.p + k, k)) - 1
+
+    def steps(self, j: int) -> Iterator[tuple[float, int, int]]:
+        """Type j's step times from its first fit on: (a / C_j, a, j), increasing."""
+        start = self.first[j]
+        for a in range(start if start is not None else self.p + 1, self.p + 1):
+            yield a / self.caps[j], a, j
+
+    def by_sweep(self) -> Iterator[tuple[tuple[int, ...], list[int]]]:
+        """The step times in increasing order (every a / C_i from which every available GPU together hosts maxP), the
+        minimal sets at each, every set at the first step it appears in."""
+        runs = [self.steps(j) for j in range(len(self.caps))]
+        seen: set[tuple[int, ...]] = set()
+        for _f, a, j in heapq.merge(*runs):
+            per_gpu = self.per_gpu(a, j)
+            for counts in _minimal_counts(per_gpu, self.limits, self.p):
+                if counts not in seen:
+                    seen.add(counts)
+                    yield counts, per_gpu
+
+    def by_set(self) -> Iterator[tuple[tuple[int, ...], list[int]]]:
+        """Every GPU multiset within the limits (at most maxP GPUs) at its shortest step (the first of the sweep's
+        steps at which it hosts maxP ESTs), if it is minimal there."""
+        for counts in _bounded_counts(self.limits, self.p):
+            shortest = None
+            for j, c in enumerate(self.caps):
+                a = self.first_fit(counts, j)
+                if a is not None and (shortest is None or (a / c, a, j) < shortest):
+                    shortest = (a / c, a, j)
+            if shortest is None:
+                continue
+            per_gpu = self.per_gpu(shortest[1], shortest[2])
+            used = [e for n, e in zip(counts, per_gpu, strict=True) if n]
+            if min(used) >= 1 and sum(n * e for n, e in zip(counts, per_gpu, strict=True)) - min(used) < self.p:
+                yield counts, per_gpu
+
+
+def _bounded_counts(limits: list[int], most: int) -> Iterator[tuple[int, ...]]:
+    """Every (N_1..N_k), N_i <= limits[i], with 1 <= sum N_i <= most."""
+
+    def rec(i: int, left: int, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        if i == len(limits):
+            if left < most:
+                yield prefix
+            return
+        for n in range(min(limits[i], left) + 1):
+            yield from rec(i + 1, left - n, (*prefix, n))
+
+    yield from rec(0, most, ())
+
+
+def _cost_us(space: _Space) -> tuple[float, float]:
+    """The estimated microseconds of each enumeration: the sweep's steps, and the GPU sets' bisections."""
+    k = len(space.limits)
+    return (space.step_count() * SWEEP_STEP_US,
+            space.set_count() * k * k * max(1, space.p.bit_length()) * SET_UNIT_US)  # fmt: skip
 
 
 def cut_plans(plans: list[ElasticPlan], waste_cut: float = WASTE_CUT) -> list[ElasticPlan]:
