@@ -107,7 +107,8 @@ def test_gang_larger_than_any_type_is_one_line() -> None:
 
 def test_csv_round_trip(tmp_path: Path) -> None:
     jobs = generate(5, seed=3)
-    write_csv(jobs, str(tmp_path / "t.csv"))
+    with open(tmp_path / "t.csv", "w", encoding="utf-8") as fh:
+        write_csv(jobs, fh)
     back = read_csv(str(tmp_path / "t.csv"))
     assert [(j.job_id, j.gpus, j.model, dict(j.capabilities), j.gpu_type) for j in back] == [
         (j.job_id, j.gpus, j.model, MODELS[j.model], j.gpu_type) for j in jobs

@@ -249,3 +249,16 @@ def test_a_quick_run_says_nothing_on_stderr(
     monkeypatch.setattr(cli_cluster_sim, "PROGRESS_AFTER_S", math.inf)
     code, _, err = run_cli(["cluster-sim", "--trace", str(DATA / "philly_sample.json"), "--gpus", "V100:8"], capsys)
     assert code == 0 and err == ""
+
+
+def test_the_generator_names_a_missing_output_directory_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from distsim.elastic.synth import main as synth_main
+
+    with pytest.raises(SystemExit) as exc:
+        synth_main(["--jobs", "3", "--out", str(tmp_path / "no" / "t.csv")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("distsim: error: --out") and "does not exist" in err
+    assert list(tmp_path.iterdir()) == []

@@ -146,3 +146,25 @@ def test_shipped_traces_validate(capsys: pytest.CaptureFixture[str]) -> None:
     result = json.loads(out)
     assert result["summary"]["traces"] == len(traces)
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in result["rows"])
+
+
+def test_a_traces_recorded_profile_is_named_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`validate --suite` names the profiles that recorded load warnings so that `distsim profile show` opens them
+    from where the user is, not relative to the traces' directory."""
+    from distsim.cli.validate import planned_profile
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    path = planned_profile(str(repo / "traces" / "t.json"), "../profiles/cpu-gloo.json")
+    assert not Path(path).is_absolute() and Path(path).resolve() == repo / "profiles" / "cpu-gloo.json"
+
+
+def test_the_default_suite_outside_the_repository_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["validate", "--suite"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "traces: no such directory (the shipped traces are the repository's traces/" in err

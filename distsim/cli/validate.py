@@ -28,9 +28,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     trace = load_trace(path)
     plan = trace.plan
     if not profile_path and plan.get("profile"):  # by default the profile the run was planned with
-        import os
-
-        profile_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), plan["profile"]))
+        profile_path = planned_profile(path, plan["profile"])
     model = load_model(plan["model"])
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy: Any = Strategy.from_str(plan["strategy"])
@@ -171,6 +169,14 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples, report)
 
 
+def planned_profile(trace_path: str, recorded: str) -> str:
+    """The profile a trace records it was planned with (a path relative to the trace's directory), as a path from
+    the working directory, so that it can be opened and pasted (``distsim profile show``) from there."""
+    import os
+
+    return os.path.relpath(os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(trace_path)), recorded)))
+
+
 def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool,
                     samples: int, report: bool = False) -> None:  # fmt: skip
     import glob
@@ -181,6 +187,9 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
 
     from distsim.strategy import Strategy
 
+    if not os.path.isdir(directory):
+        shipped = " (the shipped traces are the repository's traces/: run from its root or give its path)"
+        raise DistsimError(f"{directory}: no such directory{shipped if directory == 'traces' else ''}")
     paths = sorted(p for p in glob.glob(os.path.join(directory, "*.json")) if not p.endswith(".chrome.json"))
     if not paths:
         raise DistsimError(f"no traces (*.json) in {directory}")
@@ -189,7 +198,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
     for path in paths:
         trace, result, val, load_warnings = _validate_one(path, profile_path, samples)
         if load_warnings:
-            warned.add(profile_path or str(trace.plan.get("profile")))
+            warned.add(profile_path or planned_profile(path, str(trace.plan.get("profile"))))
         s: Strategy = result.strategy
         emulation = trace.plan.get("emulation") or {}
         layout = f"{result.cluster.nodes}x{result.cluster.gpus_per_node}"

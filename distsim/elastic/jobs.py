@@ -267,17 +267,17 @@ def _count_lines(fh: IO[bytes]) -> int:
     return count + (last != b"\n")
 
 
-def write_csv(jobs: Sequence[Job], path: str) -> None:
+def write_csv(jobs: Sequence[Job], fh: IO[str]) -> None:
+    """Write `jobs` as a synthetic-format CSV trace to the text stream `fh`."""
     types = sorted({t for j in jobs for t in j.capabilities})
     pinned = any(j.gpu_type for j in jobs)
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["job_id", "arrival_s", "gpus", "max_workers", "duration_s", "model", *(f"cap_{t}" for t in types),
+    w = csv.writer(fh)
+    w.writerow(["job_id", "arrival_s", "gpus", "max_workers", "duration_s", "model", *(f"cap_{t}" for t in types),
                     *(["gpu_type"] if pinned else [])])  # fmt: skip
-        for j in jobs:
-            w.writerow([j.job_id, f"{j.arrival_s:.1f}", j.gpus, j.max_workers, f"{j.duration_s:.1f}", j.model,
-                        *(f"{j.capabilities.get(t, 0.0):g}" for t in types),
-                        *([j.gpu_type or ""] if pinned else [])])  # fmt: skip
+    for j in jobs:
+        w.writerow([j.job_id, f"{j.arrival_s:.1f}", j.gpus, j.max_workers, f"{j.duration_s:.1f}", j.model,
+                    *(f"{j.capabilities.get(t, 0.0):g}" for t in types),
+                    *([j.gpu_type or ""] if pinned else [])])  # fmt: skip
 
 
 def _philly_time(value: Any) -> float | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 
 from distsim.elastic.jobs import Job
 
@@ -73,6 +74,8 @@ def generate(jobs: int, seed: int = 0, mean_gap_s: float = 20.0, median_s: float
 
 def main(argv: list[str] | None = None) -> None:
     from distsim.elastic.jobs import write_csv
+    from distsim.errors import DistsimError
+    from distsim.output import check_output, open_output
 
     ap = argparse.ArgumentParser(description="Write a synthetic cluster trace (see the module docstring).")
     ap.add_argument("--jobs", type=int, default=150)
@@ -82,7 +85,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--any-type", action="store_true", help="do not pin a GPU type per job")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    write_csv(generate(args.jobs, args.seed, args.mean_gap_s, args.median_s, pin_types=not args.any_type), args.out)
+    try:
+        check_output(args.out, "--out")
+        jobs = generate(args.jobs, args.seed, args.mean_gap_s, args.median_s, pin_types=not args.any_type)
+        with open_output(args.out) as fh:
+            write_csv(jobs, fh)
+    except DistsimError as exc:
+        print(f"distsim: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
