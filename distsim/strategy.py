@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING
 from distsim.errors import StrategyError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES, SHARDINGS
 
+MAX_MICRO_BATCH_SIZE = 2**30
+"""Samples in one micro-batch at most (as a burst plan's batch): far beyond any model's memory, within exact float
+arithmetic of sizes and times."""
+
 if TYPE_CHECKING:
     from distsim.cluster import Cluster
     from distsim.models.graph import Model
@@ -77,6 +81,9 @@ class Strategy:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise StrategyError(f"{name} must be a positive integer, got {value!r}")
+        if self.micro_batch_size > MAX_MICRO_BATCH_SIZE:
+            raise StrategyError(f"micro_batch_size is {self.micro_batch_size:,} samples, above the limit of "
+                                f"{MAX_MICRO_BATCH_SIZE:,}")  # fmt: skip
         schedule = _SCHEDULE_ALIASES.get(str(self.schedule).lower(), str(self.schedule).lower())
         if schedule not in SCHEDULES:
             raise StrategyError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")

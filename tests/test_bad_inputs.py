@@ -118,6 +118,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("profile shaping without emulation", [*PROF, "--link-bandwidth", "1gbit"], "add --emulate-nodes 2"),
     ("profile bad rate", [*PROF, "--emulate-nodes", "2", "--link-bandwidth", "fast"], "takes a tc rate"),
     ("profile bad size", [*PROF, "--max-comm-bytes", "lots"], "--max-comm-bytes takes a size"),
+    ("profile timeout nan", [*PROF, "--timeout", "nan", "--dry-run"], "'nan' is not a finite number"),
+    ("profile timeout past a year", [*PROF, "--timeout", "1e300", "--dry-run"], "--timeout"),
     ("profile a billion micro-batches", [*PROF, "--micro-batches", "1000000000", "--dry-run"],
      "schedule actions, above the limit"),
     ("profile grid without batch", ["profile", "--model", TINY, "--cluster", "cpu-1x2", "--grid-gpus", "2"],

@@ -45,6 +45,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("strategy partition of letters", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 partition=a:b"],
      "partition must be layer counts per stage like 8:7:7:4"),
     ("strategy cap of letters", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 cap=big"], "cap must be a number of MiB"),
+    ("micro-batch size of 1e23", [*SIM, "--micro-batch-size", "100000000000000000000000"],
+     "micro_batch_size is 100,000,000,000,000,000,000,000 samples, above the limit of 1,073,741,824"),
     ("strategy key given twice", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 tp=2"], "tp is given twice"),
     ("strategy D not an integer", [*SIM[:5], "--strategy", "tp=1 pp=2 dp=1 D=1.5"], "D must be an integer"),
     # a --torch-model that exits is reported like one that raises

@@ -11,6 +11,8 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import (
+    TIMEOUT_MAX_S,
+    FiniteFloatRange,
     invoked_command,
     load_model_and_cluster,
     need_torch,
@@ -56,7 +58,7 @@ from distsim.output import check_output
               help="Ranks per emulated node.")  # fmt: skip
 @click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (tc rate, "
               "e.g. 1gbit); each node gets its own network namespace.")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=1, max=TIMEOUT_MAX_S), default=1800, show_default=True,
               help="Seconds before a hung run is stopped.")  # fmt: skip
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed runs per compute event."
