@@ -21,19 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from distsim.costs import CommEvent, Cost, CostSource
-from distsim.plan import PlanError, split_samples
-
-MAX_BATCH = 2**30
-"""The most samples a burst plan's batch may hold (about a billion: far above any training batch, and far below where
-the slice arithmetic's 64-bit integers and doubles stop being exact)."""
-
-
-def check_batch(batch: int, what: str = "the batch") -> None:
-    """Raise PlanError unless `batch` is an integer between 1 and :data:`MAX_BATCH`."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise PlanError(f"{what} must be a positive integer (samples per iteration), got {batch!r}")
-    if batch > MAX_BATCH:
-        raise PlanError(f"{what} is {batch:,} samples, above the limit of {MAX_BATCH:,}")
+from distsim.plan import MAX_BATCH, check_batch, split_samples
 
 
 def shards(batch: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from distsim.burst import check_batch
 from distsim.cluster import MAX_GPUS
 from distsim.errors import DistsimError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB
 from distsim.models.graph import MAX_LAYERS
-from distsim.plan import Plan, PlanError, format_devices, parse_devices
+from distsim.plan import Plan, PlanError, check_batch, format_devices, parse_devices
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from distsim.cluster import MAX_GPUS
 from distsim.errors import DistsimError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB
-from distsim.strategy import Strategy
+from distsim.strategy import MAX_MICRO_BATCH_SIZE, Strategy
 
 if TYPE_CHECKING:
     from distsim.cluster import Cluster
@@ -38,6 +38,19 @@ PLAN_KINDS = ("uniform", "stages", "burst")
 
 class PlanError(DistsimError, ValueError):
     """A plan that is malformed or does not fit its model and cluster."""
+
+
+MAX_BATCH = MAX_MICRO_BATCH_SIZE
+"""The most samples a burst plan's batch may hold (as a strategy's micro-batch: about a billion, far above any
+training batch, and far below where the slice arithmetic's 64-bit integers and doubles stop being exact)."""
+
+
+def check_batch(batch: int, what: str = "the batch") -> None:
+    """Raise PlanError unless `batch` is an integer between 1 and :data:`MAX_BATCH`."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise PlanError(f"{what} must be a positive integer (samples per iteration), got {batch!r}")
+    if batch > MAX_BATCH:
+        raise PlanError(f"{what} is {batch:,} samples, above the limit of {MAX_BATCH:,}")
 
 
 @dataclass(frozen=True)

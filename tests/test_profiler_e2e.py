@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from distsim.launch import netns_problem
+from tests.util import run_cli
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -25,7 +26,9 @@ def distsim(*args: str, env: dict[str, str] | None = None, timeout: float = 900)
                           env={**os.environ, **(env or {})})  # fmt: skip
 
 
-def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) -> None:
+def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "tiny.json"
     run = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--strategy", "1M1P2D",
                   "--strategy", "2M1P1D", "--micro-batches", "2", "--emulate-nodes", "1", "--procs-per-node", "2",
@@ -52,16 +55,17 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(tmp_path: Path) 
     blocks = {k: m for k, m in db["compute"].items() if not k.startswith("optimizer/")}
     assert check["events"] == len(blocks) and all(m["insitu_ratio"] > 0 for m in blocks.values())
     assert not any("launch_s" in m for m in db["compute"].values())
-    for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):
-        sim = distsim("simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
-                      "--micro-batches", "2", "--profile", str(out), "--strict", "--json")  # fmt: skip
-        assert sim.returncode == 0, sim.stderr
-        result = json.loads(sim.stdout)
+    for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):  # in this process: the profile is what is tested here
+        code, sim_out, sim_err = run_cli(["simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
+                                          "--micro-batches", "2", "--profile", str(out), "--strict", "--json"],
+                                         capsys)  # fmt: skip
+        assert code == 0, sim_err
+        result = json.loads(sim_out)
         assert "analytic" not in result["event_sources"] and result["event_sources"].get("measured", 0) > 0
-    show = distsim("profile", "show", str(out))
-    assert show.returncode == 0 and "all_reduce" in show.stdout and "gloo" in show.stdout
-    assert "reference workload" in show.stdout and "rank 1 on " in show.stdout and "load average" in show.stdout
-    assert "self-check, isolated / in-situ time: stage chains" in show.stdout and "1M2P1D mbs=1 stage 1" in show.stdout
+    code, show, _ = run_cli(["profile", "show", str(out)], capsys)
+    assert code == 0 and "all_reduce" in show and "gloo" in show
+    assert "reference workload" in show and "rank 1 on " in show and "load average" in show
+    assert "self-check, isolated / in-situ time: stage chains" in show and "1M2P1D mbs=1 stage 1" in show
 
     # profiling more extends the profile: new events are added, the run is recorded
     single = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batch-size",

@@ -32,7 +32,7 @@ def _flow_depth_by_events(text: str) -> int:
     return deepest
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(doc=_DOCS, flow=st.booleans())
 def test_flow_depth_matches_the_parser_on_dumped_documents(doc: Any, flow: bool) -> None:
     text = yaml.safe_dump({"k": doc}, default_flow_style=flow, allow_unicode=True)
