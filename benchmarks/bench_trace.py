@@ -29,6 +29,7 @@ def case(gpus: int, fmt: str, directory: str) -> dict[str, float]:
 
     from distsim import Strategy, get_cluster, get_model, simulate
     from distsim.io import write_chrome_trace, write_timeline_csv
+    from distsim.trace_export import iter_chrome_events
 
     cluster = replace(get_cluster("dgx-a100"), nodes=gpus // 8)
     strategy = Strategy.from_str(f"8M16P{gpus // 128}D", num_micro_batches=64, schedule="1f1b")
@@ -41,7 +42,7 @@ def case(gpus: int, fmt: str, directory: str) -> dict[str, float]:
     elif fmt == "old":  # before streaming exports: the expanded timeline in memory, json.dumps per event
         with open(path, "w") as fh:
             fh.write('{"displayTimeUnit":"ms","otherData":{"title":"t"},"traceEvents":[\n')
-            for i, event in enumerate(r.full_timeline().chrome_trace_events()):
+            for i, event in enumerate(iter_chrome_events(r.full_timeline())):
                 fh.write((",\n" if i else "") + json.dumps(event, separators=(",", ":")))
             fh.write("\n]}\n")
     else:

@@ -15,7 +15,6 @@ without communication).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -148,19 +147,6 @@ class Timeline:
             mine = gpu == rep
             out[rep] = merge_intervals(start[mine], end[mine])
         return out
-
-    # ------------------------------------------------------------------------------------------------- exports
-    def chrome_trace_events(self, expand: bool = False) -> Iterator[dict[str, Any]]:
-        """Trace events one by one: metadata naming each GPU (process) and stream (thread), then 'X' events in us.
-
-        `expand`: every GPU's events, as ``self.expand().chrome_trace_events()`` yields them, without expanding."""
-        from distsim.trace_export import iter_chrome_events
-
-        return iter_chrome_events(self, expand)
-
-    def to_chrome_trace(self, title: str = "distsim") -> dict[str, Any]:
-        """Chrome/Perfetto trace object: one process per GPU, one named thread per stream."""
-        return {"traceEvents": list(self.chrome_trace_events()), "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
 def _ranges(values: tuple[int, ...]) -> str:

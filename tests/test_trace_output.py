@@ -20,7 +20,7 @@ from distsim import Strategy, get_cluster, get_model, simulate
 from distsim import perfetto as pf
 from distsim.io import write_chrome_trace, write_timeline_csv
 from distsim.timeline import Timeline
-from distsim.trace_export import TraceSource, estimate, trace_format
+from distsim.trace_export import TraceSource, estimate, iter_chrome_events, trace_format
 from tests.util import run_cli as run
 
 
@@ -163,8 +163,8 @@ def test_varints_match_the_protobuf_encoding() -> None:
 
 
 def test_the_events_of_every_gpu_stream_without_expanding(timeline: Timeline) -> None:
-    expanded = list(timeline.expand().chrome_trace_events())
-    assert list(timeline.chrome_trace_events(expand=True)) == expanded
+    expanded = list(iter_chrome_events(timeline.expand()))
+    assert list(iter_chrome_events(timeline, expand=True)) == expanded
     assert len([e for e in expanded if e["ph"] == "X"]) == len(timeline.expand().df) == 4 * len(timeline.df)
     assert TraceSource(timeline, expand=True).events == len(timeline.expand().df)
 
@@ -175,12 +175,12 @@ def test_json_and_gzip_json_hold_the_same_events(timeline: Timeline, tmp_path: P
         write_chrome_trace(tmp_path / "t.json.gz", timeline, "title", expand=expand)
         assert (tmp_path / "t.json.gz").read_bytes()[:2] == b"\x1f\x8b"
         plain = _events(tmp_path / "t.json")
-        assert _events(tmp_path / "t.json.gz") == plain == list(timeline.chrome_trace_events(expand=expand))
+        assert _events(tmp_path / "t.json.gz") == plain == list(iter_chrome_events(timeline, expand=expand))
         assert json.loads((tmp_path / "t.json").read_text())["otherData"] == {"title": "title"}
 
 
 def test_event_dicts_are_still_written_as_json(timeline: Timeline, tmp_path: Path) -> None:
-    events = list(timeline.chrome_trace_events())
+    events = list(iter_chrome_events(timeline))
     write_chrome_trace(tmp_path / "d.json.gz", iter(events), "title")
     assert _events(tmp_path / "d.json.gz") == events
 
@@ -274,7 +274,7 @@ def test_every_format_streams_to_a_fifo_and_to_a_device(timeline: Timeline, tmp_
 def test_a_trace_on_standard_output(timeline: Timeline, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     write_chrome_trace("-", timeline, "t")
     out = capsysbinary.readouterr().out
-    assert json.loads(out)["traceEvents"] == list(timeline.chrome_trace_events())
+    assert json.loads(out)["traceEvents"] == list(iter_chrome_events(timeline))
 
 
 def test_simulate_writes_every_format_for_every_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
