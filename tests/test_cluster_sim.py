@@ -11,7 +11,8 @@ from distsim.cli.cluster_sim import DEFAULT_TRACE
 from distsim.elastic.cluster_sim import simulate_cluster
 from distsim.elastic.jobs import Job, TraceError, read_csv, read_philly, write_csv
 from distsim.elastic.scheduler import ESTIMATES, SCHEDULERS, Grant
-from distsim.elastic.synth import MODELS, generate
+from distsim.elastic.synth import generate
+from distsim.elastic.workloads import MODELS
 from tests.util import run_cli as run
 
 DATA = Path(__file__).parent / "data"

@@ -20,7 +20,7 @@ are not UTF-8 are one line giving their offset and line. A trace of more than ``
   ``status``, ``user``, ``vc``. Mapping (:func:`read_philly`): arrival = submitted_time minus the first job's;
   gpus = the GPUs of the last attempt (summed over its machines); duration = the last attempt's end minus its start
   (earlier attempts are failures that a simulator's jobs do not repeat); maxP = gpus; the model is unknown in Philly,
-  so job k gets model ``k mod len(MODELS)`` of :mod:`distsim.elastic.synth`, with that model's capabilities. Jobs
+  so job k gets model ``k mod len(MODELS)`` of :mod:`distsim.elastic.workloads`, with that model's capabilities. Jobs
   with no attempt, no start/end time or no GPU are skipped (they never ran).
 """
 
@@ -293,7 +293,7 @@ def _philly_time(value: Any) -> float | None:
 def read_philly(path: str, max_jobs: int | None = None) -> list[Job]:
     """The Philly cluster_job_log (module docstring); a file too large for `max_jobs` jobs (None: no limit) at
     :data:`MAX_JSON_BYTES_PER_JOB` is refused before it is loaded, and more than `max_jobs` jobs that ran after."""
-    from distsim.elastic.synth import MODELS
+    from distsim.elastic.workloads import MODELS
 
     with _open(path) as fh:
         size = os.fstat(fh.fileno()).st_size

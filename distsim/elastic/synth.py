@@ -7,15 +7,12 @@ jobs; neither is published with the paper, so this generator draws:
 * gang sizes (GPUs requested, = maxP ESTs): 1, 2, 4, 8, 16 GPUs with probabilities ``SIZE_PROBS`` (most jobs
   small, a few large, as in Philly and PAI);
 * runtimes at the requested gang: log-normal (median ``median_s``, sigma ``sigma``), clipped to [60 s, 8 h];
-* models: uniform over the eight workloads of EasyScale's Table 1, with capabilities per GPU type in ``MODELS``;
+* models: uniform over the eight workloads of EasyScale's Table 1, with capabilities per GPU type in
+  :data:`distsim.elastic.workloads.MODELS`;
 * the GPU type each job requires of a gang scheduler (YARN-CS "allocates the same type of GPUs ... based on its
   requirement"): drawn in proportion to the cluster's GPUs, ``TYPE_SHARES`` (V100 1/2, P100 1/4, T4 1/4), from a
   second seeded stream so the other draws do not depend on it (``pin_types=False`` leaves it out). A job's runtime
   is at its gang on the fastest type, so a job pinned to a slower type runs longer under YARN-CS.
-
-``MODELS`` gives mini-batches/s per GPU. The V100 figure is a per-model assumption; P100 and T4 scale it by vendor
-ratios: compute-bound models by FP32 peak (V100 15.7, P100 9.3, T4 8.1 TFLOPS: 0.59 and 0.52), memory-bound ones
-(NeuMF, ShuffleNetV2) by memory bandwidth (900, 732, 320 GB/s: 0.81 and 0.36).
 
 The shipped trace ``distsim/elastic/data/synthetic-150.csv`` (package data: ``distsim cluster-sim``'s default) is
 ``python -m distsim.elastic.synth --jobs 150 --seed 4 --out distsim/elastic/data/synthetic-150.csv``.
@@ -28,26 +25,7 @@ import random
 import sys
 
 from distsim.elastic.jobs import Job
-
-_COMPUTE = {"V100": 1.0, "P100": 9.3 / 15.7, "T4": 8.1 / 15.7}
-_MEMORY = {"V100": 1.0, "P100": 732 / 900, "T4": 320 / 900}
-
-
-def _caps(v100: float, ratios: dict[str, float]) -> dict[str, float]:
-    return {t: round(v100 * r, 3) for t, r in ratios.items()}
-
-
-MODELS: dict[str, dict[str, float]] = {
-    "shufflenetv2": _caps(12.0, _MEMORY),
-    "resnet50": _caps(10.0, _COMPUTE),
-    "vgg19": _caps(6.0, _COMPUTE),
-    "yolov3": _caps(4.0, _COMPUTE),
-    "neumf": _caps(40.0, _MEMORY),
-    "bert": _caps(5.0, _COMPUTE),
-    "electra": _caps(6.0, _COMPUTE),
-    "swin": _caps(4.5, _COMPUTE),
-}
-"""Mini-batches/s per GPU of each type, per model (V100 assumed, P100/T4 by vendor ratios)."""
+from distsim.elastic.workloads import MODELS
 
 SIZE_PROBS = {1: 0.45, 2: 0.2, 4: 0.15, 8: 0.15, 16: 0.05}
 TYPE_SHARES = {"V100": 0.5, "P100": 0.25, "T4": 0.25}
