@@ -119,7 +119,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     from distsim.io import load_profile
     from distsim.launch import Emulation
     from distsim.plan import plan_to_dict
-    from distsim.profiler.worker import CONFIG_ENV, ProfileConfig
+    from distsim.profiler.worker import CONFIG_ENV, ProfileConfig, check_extension
     from distsim.search.space import cluster_for, enumerate_strategies
     from distsim.strategy import Strategy
 
@@ -215,26 +215,6 @@ def _load_plans(kw: dict[str, Any]) -> list[Any]:
         if i == 0:
             kw.update({key: given[key] for key in ("model_name", "cluster_name", "nodes")})
     return plans
-
-
-def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> None:
-    """Refuse to extend a profile measured on another device, thread count or backend than this run would use."""
-    import torch
-
-    from distsim.profiler.compute import local_device_name
-    from distsim.profiler.worker import usable_cores
-
-    world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
-    local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    cuda = torch.cuda.is_available()
-    planned = {
-        "device": local_device_name(),
-        "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
-        "backend": ("nccl" if cuda else "gloo") if world > 1 and not no_comm else "none",
-    }
-    problem = existing.incompatibility(planned)
-    if problem:
-        raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
 
 
 def _profile_cost_report(found: Any, db: Any) -> str:

@@ -51,7 +51,7 @@ def profile_torch_model(kw: dict[str, Any]) -> None:
         raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
     existing = None
     if os.path.exists(out) and not kw["overwrite"]:
-        from distsim.cli.profile import check_extension
+        from distsim.profiler.worker import check_extension
 
         existing = load_profile(out)  # a malformed one is refused before anything is measured
         check_extension(existing, out, emulation, kw["no_comm"])

@@ -100,6 +100,25 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> None:
+    """Refuse to extend a profile measured on another device, thread count or backend than this run would use."""
+    import torch
+
+    from distsim.profiler.compute import local_device_name
+
+    world = emulation.world if emulation else int(os.environ.get("WORLD_SIZE", 1))
+    local = emulation.procs_per_node if emulation else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cuda = torch.cuda.is_available()
+    planned = {
+        "device": local_device_name(),
+        "threads_per_rank": None if cuda else (1 if emulation else max(1, usable_cores() // local)),
+        "backend": ("nccl" if cuda else "gloo") if world > 1 and not no_comm else "none",
+    }
+    problem = existing.incompatibility(planned)
+    if problem:
+        raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
+
+
 def run(cfg: ProfileConfig, traced: Any = None) -> None:
     """Profile as one rank of the job described by the environment (or alone). `traced`: the torch module of
     ``cfg.torch_model`` already traced on this rank's device (a single process need not trace it twice)."""
