@@ -7,7 +7,20 @@ on stderr and exit with status 2; ``--help`` on every command explains the optio
 
 from __future__ import annotations
 
-from distsim.cli import cluster_sim, execute, info, profile, search, simulate, validate  # noqa: F401 - registers the commands
+from distsim.cli import (  # noqa: F401 - each registers its command (the search drivers on `search`)
+    cluster_sim,
+    execute,
+    info,
+    profile,
+    search,
+    search_dapple,
+    search_deeppool,
+    search_elastic,
+    search_grid,
+    search_merge,
+    simulate,
+    validate,
+)
 from distsim.cli.app import cli, main
 
 __all__ = ["cli", "main"]

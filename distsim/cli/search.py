@@ -1,8 +1,8 @@
 """``distsim search``: the group of search drivers, and the options and helpers they share.
 
 Each driver's command lives in its own module (``search_grid``, ``search_dapple``, ``search_deeppool``,
-``search_merge``, ``search_elastic``) and registers
-on :data:`search`.
+``search_merge``, ``search_elastic``) and registers on :data:`search` when :mod:`distsim.cli` imports it; this
+module imports none of them (they import it).
 """
 
 from __future__ import annotations
@@ -78,6 +78,3 @@ def search() -> None:
       distsim search elastic --model resnet50 --max-workers 16 --gpus V100:4,T4:8
     The first four write their plan as a file that `distsim simulate --plan FILE` simulates.
     """
-
-
-from distsim.cli import search_dapple, search_deeppool, search_elastic, search_grid, search_merge  # noqa: E402, F401 - the drivers register on `search`
