@@ -17,12 +17,12 @@ step x rank grid of a unit-time execution (F and B one step each).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Protocol
 
 from distsim.errors import ScheduleError
-from distsim.strategy import Strategy
 
 _ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
 
@@ -146,7 +146,23 @@ def check_schedule_size(micro_batches: int, stages: int) -> None:
                             f"actions, above the limit of {MAX_ACTIONS:,}; use fewer micro-batches")  # fmt: skip
 
 
-def build_schedule(strategy: Strategy) -> Schedule:
+class PipelineShape(Protocol):
+    """What a schedule is built from (a :class:`~distsim.strategy.Strategy` is one; this module sits below it)."""
+
+    schedule: str
+    pp: int
+    num_micro_batches: int
+    warmup_policy: str
+    max_in_flight: int | None
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def chunks(self) -> int: ...
+
+
+def build_schedule(strategy: PipelineShape) -> Schedule:
     """The strategy's validated schedule. Schedules are immutable values, so equal parameters share one (a grid
     search asks for the same schedule for its memory check and its simulation, and across configurations)."""
     s = strategy
@@ -156,14 +172,29 @@ def build_schedule(strategy: Strategy) -> Schedule:
 
 @lru_cache(maxsize=64)
 def _schedule(kind: str, pp: int, m: int, policy: str, max_in_flight: int | None, chunks: int) -> Schedule:
-    if kind == "gpipe":
-        sched = gpipe(pp, m)
-    elif kind == "1f1b":
-        sched = one_f_one_b(pp, m, policy, max_in_flight)
-    else:
-        sched = interleaved(pp, chunks, m)
+    sched = SCHEDULES[kind](pp, m, policy, max_in_flight, chunks)
     validate_schedule(sched)
     return sched
+
+
+ScheduleBuilder = Callable[[int, int, str, int | None, int], Schedule]
+"""Builds a schedule from (pipeline ranks, micro-batches, DAPPLE warm-up policy, max in flight, chunks per rank)."""
+
+SCHEDULES: dict[str, ScheduleBuilder] = {
+    "gpipe": lambda pp, m, policy, max_in_flight, chunks: gpipe(pp, m),
+    "1f1b": lambda pp, m, policy, max_in_flight, chunks: one_f_one_b(pp, m, policy, max_in_flight),
+    "interleaved": lambda pp, m, policy, max_in_flight, chunks: interleaved(pp, chunks, m),
+}
+"""The pipeline schedules by name (as torch.distributed.pipelining's ``get_schedule_class``): strategies, plan files
+and the CLI's ``--schedule`` choices read their names from here, so a new schedule is one :func:`register_schedule`
+call. ``interleaved`` is the one that runs ``chunks`` > 1 virtual stages per rank (Strategy checks its shapes)."""
+
+
+def register_schedule(name: str, builder: ScheduleBuilder) -> None:
+    """Add (or replace) the schedule `name`; its actions are validated (deadlock-free, every micro-batch once) when
+    a strategy first asks for it."""
+    SCHEDULES[name] = builder
+    _schedule.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------------- validation

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from distsim.errors import StrategyError
 from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES, SHARDINGS
+from distsim.schedules import SCHEDULES
 
 MAX_MICRO_BATCH_SIZE = 2**30
 """Samples in one micro-batch at most (as a burst plan's batch): far beyond any model's memory, within exact float
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from distsim.cluster import Cluster
     from distsim.models.graph import Model
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
 WARMUP_POLICIES = ("A", "B")
 RECOMPUTE_MODES = ("none", "selective", "full")
 SHARDING_MODES = tuple(SHARDINGS)

@@ -6,6 +6,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -17,6 +18,23 @@ GB = 1e9
 
 TIMEOUT_MAX_S = 365 * 86400
 """The longest --timeout: a year (a timedelta, and gloo's timeout, overflow far beyond)."""
+
+
+class RegistryChoice(click.Choice):
+    """click's Choice over the names of a registry (schedules, sync modes), read each time the option is parsed or
+    its help shown: a name registered after the CLI was imported (a plugin's, a test's) is a choice too."""
+
+    def __init__(self, registry: Mapping[str, Any], case_sensitive: bool = True) -> None:
+        self._registry = registry
+        super().__init__(list(registry), case_sensitive)
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._registry)
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click's __init__ assigns the names: the registry is the truth
+        pass
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -84,7 +102,7 @@ def parse_bytes(text: str, option: str = "--max-comm-bytes") -> int:
 
 
 def parse_schedules(text: str) -> tuple[str, ...]:
-    from distsim.strategy import SCHEDULES
+    from distsim.schedules import SCHEDULES
 
     names = tuple(x.strip().lower() for x in text.split(",") if x.strip())
     bad = [n for n in names if n not in SCHEDULES and n != "dapple"]
@@ -119,7 +137,7 @@ def grad_sync_options(default: str | None = None) -> Any:
     def decorate(f: Any) -> Any:
         cap = f"DDP bucket size in MiB (--grad-sync ddp). [default: {DDP_BUCKET_CAP_MB:g}]"
         f = click.option("--bucket-cap-mb", type=FiniteFloatRange(min=0, min_open=True), default=None, help=cap)(f)
-        return click.option("--grad-sync", type=click.Choice(list(MODES)), default=default,
+        return click.option("--grad-sync", type=RegistryChoice(MODES), default=default,
                             show_default=default is not None,
                             help=f"Data-parallel gradient synchronisation. {modes}.{shown}")(f)  # fmt: skip
 

@@ -11,6 +11,7 @@ from distsim.cli.app import cli
 from distsim.cli.common import (
     TIMEOUT_MAX_S,
     FiniteFloatRange,
+    RegistryChoice,
     grad_sync_options,
     invoked_command,
     load_costs,
@@ -23,6 +24,7 @@ from distsim.cli.common import (
 )
 from distsim.errors import DistsimError
 from distsim.output import check_output
+from distsim.schedules import SCHEDULES
 
 
 @cli.command()
@@ -37,7 +39,7 @@ from distsim.output import check_output
               "`distsim search deeppool` writes; ranks 0..N-1 are its GPUs).")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M. [default: 1]")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="[default: 1]")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="[default: 1f1b]")
+@click.option("--schedule", type=RegistryChoice(SCHEDULES), help="[default: 1f1b]")
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
 @click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
 @grad_sync_options()

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.common import fmt_count
+from distsim.cli.common import RegistryChoice, fmt_count
+from distsim.schedules import SCHEDULES
 
 
 @cli.command()
@@ -79,7 +80,7 @@ def clusters(as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b", show_default=True)
+@click.option("--schedule", type=RegistryChoice(SCHEDULES), default="1f1b", show_default=True)
 @click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
 @click.option("--micro-batches", type=click.IntRange(min=1), required=True)
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")

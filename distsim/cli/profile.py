@@ -13,6 +13,7 @@ from distsim.cli.app import cli
 from distsim.cli.common import (
     TIMEOUT_MAX_S,
     FiniteFloatRange,
+    RegistryChoice,
     invoked_command,
     load_model_and_cluster,
     need_torch,
@@ -25,6 +26,7 @@ from distsim.cli.common import (
 )
 from distsim.errors import DistsimError
 from distsim.output import check_output
+from distsim.schedules import SCHEDULES
 
 
 @cli.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,7 +44,7 @@ from distsim.output import check_output
               "re-distributions and per-layer all-reduces); its model and cluster are the defaults.")  # fmt: skip
 @click.option("--micro-batches", type=click.IntRange(min=1), help="M for every --strategy.")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="Micro-batch size for every --strategy.")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), help="Schedule for every --strategy.")
+@click.option("--schedule", type=RegistryChoice(SCHEDULES), help="Schedule for every --strategy.")
 @scale_options
 @click.option("--grid-gpus", type=click.IntRange(min=1), help="Profile every strategy a grid over this many GPUs "
               "visits (with --recompute etc. where they apply: sequence parallelism where tp > 1, sharding where "

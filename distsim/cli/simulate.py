@@ -13,6 +13,7 @@ from distsim.cli.common import (
     GB,
     TRACE_FORMATS,
     Progress,
+    RegistryChoice,
     allreduce_option,
     check_outputs,
     fmt_time,
@@ -26,6 +27,7 @@ from distsim.cli.common import (
     write_trace,
 )
 from distsim.errors import DistsimError
+from distsim.schedules import SCHEDULES
 from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 
 
@@ -76,7 +78,7 @@ from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 )
 @click.option(
     "--schedule",
-    type=click.Choice(["gpipe", "1f1b", "interleaved"]),
+    type=RegistryChoice(SCHEDULES),
     default=None,
     help="Pipeline schedule. [default: 1f1b]",
 )
