@@ -100,7 +100,7 @@ def _real_ddp_buckets(runtime: Any, cap_mb: float | None) -> list[list[int]]:
     from torch import nn
 
     from distsim.executor.model import build_modules
-    from distsim.profiler.blocks import TPComm
+    from distsim.profiler.tp_comm import TPComm
 
     model = runtime.model
     modules = build_modules(model, list(range(model.num_layers)), 1, 0, TPComm.local(), torch.float32,

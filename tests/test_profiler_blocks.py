@@ -17,8 +17,6 @@ from distsim.models.graph import FP32, Block, Layer
 from distsim.models.transformer import attention_block, embedding_layer, lm_head_layer, mlp_block
 from distsim.profiler.blocks import (
     BlockModule,
-    ReduceOp,
-    TPComm,
     build_block,
     can_build,
     replicated_param_count,
@@ -27,6 +25,7 @@ from distsim.profiler.blocks import (
     torch_dtype,
 )
 from distsim.profiler.compute import count_flops, device_name, time_compute_event
+from distsim.profiler.tp_comm import ReduceOp, TPComm
 
 H, HEADS, SEQ, FFN, VOCAB, KV_SEQ = 32, 4, 8, 64, 64, 12
 MBS = 2

@@ -47,7 +47,7 @@ from distsim.executor.recorder import Meta, Recorder
 from distsim.executor.runtime import Runtime, _Adam, _Segment
 from distsim.models.graph import Model
 from distsim.plan import Plan
-from distsim.profiler.blocks import TPComm
+from distsim.profiler.tp_comm import TPComm
 
 Layout = tuple[int, ...]
 

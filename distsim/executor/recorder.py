@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from distsim.executor.clock import Clock, HostClock, Mark
-from distsim.profiler.blocks import ProcessGroupComm, ReduceOp
+from distsim.profiler.tp_comm import ProcessGroupComm, ReduceOp
 
 Row = tuple[str, str, str, int, int, int, float, float]
 """(stream, kind, name, layer, stage, microbatch, start, end) of one event on this rank."""

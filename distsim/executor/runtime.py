@@ -52,7 +52,7 @@ from distsim.flow.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, S
 from distsim.models.graph import Model
 from distsim.partition import rank_layers
 from distsim.placement import Placement
-from distsim.profiler.blocks import TPComm
+from distsim.profiler.tp_comm import TPComm
 from distsim.schedules import Schedule
 from distsim.strategy import Strategy
 

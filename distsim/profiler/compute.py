@@ -30,7 +30,8 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from distsim.costs import ComputeEvent
-from distsim.profiler.blocks import TPComm, build_block, torch_dtype
+from distsim.profiler.blocks import build_block, torch_dtype
+from distsim.profiler.tp_comm import TPComm
 
 
 @dataclass

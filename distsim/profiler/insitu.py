@@ -25,8 +25,9 @@ from distsim.cluster import Cluster
 from distsim.costs import AnalyticCosts, ComputeEvent
 from distsim.flow.events import resolve_partition
 from distsim.models.graph import Block, Model
-from distsim.profiler.blocks import TPComm, build_block, can_build, torch_dtype
+from distsim.profiler.blocks import build_block, can_build, torch_dtype
 from distsim.profiler.compute import FIRST_SLEEP_S, SLEEP_MARGIN, SLEEP_PAD_S, FedTimer, evict_bytes
+from distsim.profiler.tp_comm import TPComm
 from distsim.strategy import Strategy
 
 CHAIN_LAYERS = 4
