@@ -19,7 +19,7 @@ from distsim import launch as launch_mod
 from distsim.launch import LAUNCH_DIR_PREFIX, OWNER_FILE, Emulation, netns_problem, remove_stale_launch_dirs
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
-BOUND_S = 60.0  # generous: polling ends as soon as the condition holds
+BOUND_S = 300.0  # generous (a loaded machine starts torch ranks slowly): polling ends as soon as the condition holds
 
 
 def _poll(condition: Callable[[], bool], what: str, bound_s: float = BOUND_S) -> None:
