@@ -381,17 +381,23 @@ def _last_message(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _terminate_on_signal() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit so that cleanup (children, namespaces) runs."""
+def raising_on_signals(*signums: int) -> Iterator[None]:
+    """While the block runs, each of `signums` raises SystemExit(128 + signum) (SIGINT already raises
+    KeyboardInterrupt), so that cleanup runs: children and namespaces stopped, temporary files removed. Only the main
+    thread can set handlers; in another thread the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def handler(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: float, what: str = "job") -> None:
@@ -400,7 +406,7 @@ def launch(module: str, env: dict[str, str], emulation: Emulation, timeout_s: fl
     if emulation.world > cores:
         print(f"warning: {emulation.world} ranks on {cores} cores: ranks share cores, so compute timings will be "
               "distorted", file=sys.stderr)  # fmt: skip
-    with contextlib.ExitStack() as stack, _terminate_on_signal():
+    with contextlib.ExitStack() as stack, raising_on_signals(signal.SIGTERM):
         remove_stale_launch_dirs()
         if emulation.link_bandwidth is None and netns_problem() is None:
             remove_stale_namespaces()  # (NetnsNodes removes them itself)

@@ -24,17 +24,16 @@ header, whose payload fields have fixed widths, is written again over its placeh
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import signal
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import IO, Any
 
 from distsim.errors import DistsimError
+from distsim.launch import raising_on_signals
 from distsim.output import open_output
 
 MAGIC = b"distsim-elastic-checkpoint\n"
@@ -141,29 +140,10 @@ def _interruption(exc: BaseException | None) -> BaseException | None:
     return None
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """While a file is written: SIGTERM and SIGHUP raise SystemExit (SIGINT already raises KeyboardInterrupt), so that
-    the writer's cleanup removes its temporary file. Only the main thread can set handlers; elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def save_atomically(obj: Any, path: str) -> None:
     """torch.save `obj` at `path` atomically (:func:`distsim.output.open_output`): all of it or nothing, the temporary
     file removed on any error or signal; a full disk is an OutputError (one line)."""
-    with _signals_raise(), open_output(path, binary=True) as fh:
+    with raising_on_signals(signal.SIGTERM, signal.SIGHUP), open_output(path, binary=True) as fh:
         torch_save(obj, fh)
 
 
@@ -171,7 +151,7 @@ def write_checkpoint(state: Mapping[str, Any], path: str) -> None:
     """Write a trainer's state (:meth:`ElasticTrainer.state`) as a checkpoint file at `path` (module docstring)."""
     header = header_for(state)
     placeholder = _header_line(header)
-    with _signals_raise(), open_output(path, binary=True) as fh:
+    with raising_on_signals(signal.SIGTERM, signal.SIGHUP), open_output(path, binary=True) as fh:
         if not fh.seekable():
             raise DistsimError(f"--checkpoint-out {path}: needs a regular file")
         fh.write(MAGIC)
