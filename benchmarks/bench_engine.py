@@ -18,9 +18,10 @@ import time
 
 from machine import describe
 
-from distsim import FlowOptions, Strategy, engine, get_cluster, get_model, simulate
-from distsim.costs import AnalyticCosts
-from distsim.flow.uniform import build_flow
+from distsim import FlowOptions, Strategy, get_cluster, get_model, simulate
+from distsim.sim import engine
+from distsim.sim.costs import AnalyticCosts
+from distsim.sim.flow.uniform import build_flow
 
 
 def median_time(fn, repeats: int) -> float:

@@ -28,8 +28,8 @@ def case(gpus: int, fmt: str, directory: str) -> dict[str, float]:
     from dataclasses import replace
 
     from distsim import Strategy, get_cluster, get_model, simulate
-    from distsim.io import write_chrome_trace, write_timeline_csv
-    from distsim.trace_export import iter_chrome_events
+    from distsim.io.files import write_chrome_trace, write_timeline_csv
+    from distsim.io.trace_export import iter_chrome_events
 
     cluster = replace(get_cluster("dgx-a100"), nodes=gpus // 8)
     strategy = Strategy.from_str(f"8M16P{gpus // 128}D", num_micro_batches=64, schedule="1f1b")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plan_from_dict(data: dict[str, Any]) -> Any:
-    for module in ("distsim.plans", "distsim.plan"):
+    for module in ("distsim.plans", "distsim.plans.plan", "distsim.plan"):
         try:
             return importlib.import_module(module).plan_from_dict(data, "sweep")
         except (ImportError, AttributeError):
@@ -101,7 +101,9 @@ def stages_cases() -> Iterator[tuple[str, dict[str, Any]]]:
                   [(0, 9, "0-1"), (9, 18, "2-5"), (18, layers, "6-7")], [(0, layers, "0-7")]]  # fmt: skip
         for i, split in enumerate(splits):
             for sync in ("bulk", "wfbp", "ddp", "mgwfbp", "mgwfbp-optimal"):
-                for j, (recompute, sharding) in enumerate((("none", "none"), ("full", "zero1"), ("selective", "zero3"))):
+                for j, (recompute, sharding) in enumerate(
+                    (("none", "none"), ("full", "zero1"), ("selective", "zero3"))
+                ):
                     if (i + j) % 2 and sync != "bulk":
                         continue
                     data = {"model": model, "cluster": cluster, "micro_batches": 4, "micro_batch_size": 8,
@@ -156,8 +158,9 @@ def run_all() -> dict[str, dict[str, str | float]]:
         strategy = Strategy.from_str(shape, num_micro_batches=4)
         model, cluster = get_model("gpt2-345m"), cluster_for("distsim-testbed", strategy.num_gpus)
         results[f"profile {shape}"] = summary(simulate(model, cluster, strategy, costs=profile))
-    stochastic = simulate(get_model("gpt2-345m"), cluster_for("distsim-testbed", 4),
-                          Strategy.from_str("1M2P2D", num_micro_batches=4), costs=profile, samples=3, seed=7)  # fmt: skip
+    strategy = Strategy.from_str("1M2P2D", num_micro_batches=4)
+    cluster = cluster_for("distsim-testbed", 4)
+    stochastic = simulate(get_model("gpt2-345m"), cluster, strategy, costs=profile, samples=3, seed=7)
     results["stochastic"] = summary(stochastic)
     results["stochastic"]["samples"] = _digest(np.round(stochastic.sampled_iteration_s, 12).tolist())
     return results

@@ -7,24 +7,24 @@ The public API::
                       Strategy.from_str("2M4P2D", num_micro_batches=8))
     result.iteration_time_s, result.timeline.df, result.per_gpu
 
-Search drivers live in :mod:`distsim.search` (``grid_search``, ``plan_dapple``); plots in :mod:`distsim.plots`.
+Search drivers live in :mod:`distsim.search` (``grid_search``, ``plan_dapple``); plots in :mod:`distsim.io.plots`.
 
 The simulator core (models, cluster, strategy, schedules, events, engine, timeline) does not import torch.
 """
 
 from __future__ import annotations
 
-from distsim.cluster import Cluster, get_cluster
-from distsim.collocate import CollocationReport, collocation_report
-from distsim.costs import AnalyticCosts, ProfileCosts
-from distsim.errors import DistsimError
-from distsim.flow.events import FlowOptions
-from distsim.models import Model, get_model
-from distsim.plan import Plan, StagePlan, burst_plan
-from distsim.schedules import Schedule, build_schedule, format_grid
-from distsim.simulate import SimResult, simulate
-from distsim.strategy import Strategy
-from distsim.timeline import Timeline
+from distsim.core.cluster import Cluster, get_cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models import Model, get_model
+from distsim.core.schedules import Schedule, build_schedule, format_grid
+from distsim.core.strategy import Strategy
+from distsim.plans.plan import Plan, StagePlan, burst_plan
+from distsim.plans.simulate import SimResult, simulate
+from distsim.search.collocate import CollocationReport, collocation_report
+from distsim.sim.costs import AnalyticCosts, ProfileCosts
+from distsim.sim.flow.events import FlowOptions
+from distsim.sim.timeline import Timeline
 
 __version__ = "0.1.0"
 

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsim.cluster import GPU, Cluster, Link, get_cluster
-from distsim.collectives import TREE_BUS_BANDWIDTH, collective_s
-from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent
-from distsim.errors import ModelFileError
-from distsim.kernels import REDUCTION_EFFICIENCY, attention_s, gemm_s, memory_s
-from distsim.models import get_model
-from distsim.models.graph import FP16_MIXED, Block
-from distsim.models.ops import AttentionOp, GemmOp, MemoryOp
-from distsim.models.transformer import attention_block, mlp_block
+from distsim.core.cluster import GPU, Cluster, Link, get_cluster
+from distsim.core.collectives import TREE_BUS_BANDWIDTH, collective_s
+from distsim.core.errors import ModelFileError
+from distsim.core.models import get_model
+from distsim.core.models.graph import FP16_MIXED, Block
+from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp
+from distsim.core.models.transformer import attention_block, mlp_block
+from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent
+from distsim.sim.kernels import REDUCTION_EFFICIENCY, attention_s, gemm_s, memory_s
 from tests.util import hand_cluster
 
 # A toy device with round numbers: 4 SMs sharing 1 TFLOP/s (250 GFLOP/s each) and 1 TB/s, 1 us per kernel on the

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import FlowOptions, simulate
-from distsim.burst import redistribution, redistribution_cost, shards
-from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent
-from distsim.flow.burst import build_burst_flow, estimate_burst_tasks
-from distsim.flow.events import KINDS
-from distsim.io import load_plan, write_plan
-from distsim.models import Model, model_from_dict
-from distsim.plan import Plan, PlanError, StagePlan, burst_plan, check_plan, plan_from_dict
+from distsim.core.models import Model, model_from_dict
+from distsim.io.files import load_plan, write_plan
+from distsim.plans.burst_flow import build_burst_flow, estimate_burst_tasks
+from distsim.plans.plan import Plan, PlanError, StagePlan, burst_plan, check_plan, plan_from_dict
+from distsim.plans.redistribution import redistribution, redistribution_cost, shards
+from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent
+from distsim.sim.flow.events import KINDS
 from tests.util import hand_cluster, run_cli
 
 NO_HOST = FlowOptions(host=False)

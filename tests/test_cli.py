@@ -173,7 +173,7 @@ def test_listings_and_schedule(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_module_entry_point_and_torch_free_core() -> None:
     """`python -m distsim` works (torchrun launches it so) and the simulator never imports torch."""
-    code = "import sys, distsim.cli, distsim.simulate; assert 'torch' not in sys.modules"
+    code = "import sys, distsim.cli, distsim.plans.simulate; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run([sys.executable, "-m", "distsim", "--help"], check=True, capture_output=True, text=True)
     assert "simulate" in out.stdout

@@ -20,8 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import simulate
-from distsim.cluster import get_cluster
-from distsim.collocate import (
+from distsim.core.cluster import get_cluster
+from distsim.core.errors import DistsimError, ProfileError
+from distsim.core.models import get_model
+from distsim.core.strategy import Strategy
+from distsim.io.files import write_plan
+from distsim.plans.plan import burst_plan
+from distsim.search.collocate import (
     CollocationError,
     background_grain,
     background_iteration,
@@ -31,13 +36,8 @@ from distsim.collocate import (
     split_sizes,
     usable,
 )
-from distsim.costs import DEEPPOOL_COLLOCATION_SLOWDOWN, AnalyticCosts, ProfileCosts
-from distsim.errors import DistsimError, ProfileError
-from distsim.io import write_plan
-from distsim.models import get_model
-from distsim.plan import burst_plan
-from distsim.profile_db import Collocation, ProfileDB
-from distsim.strategy import Strategy
+from distsim.sim.costs import DEEPPOOL_COLLOCATION_SLOWDOWN, AnalyticCosts, ProfileCosts
+from distsim.sim.profile_db import Collocation, ProfileDB
 from tests.test_burst_flow import NO_HOST, flops_model
 from tests.util import hand_cluster, run_cli
 
@@ -330,7 +330,7 @@ def test_stragglers_keep_their_own_factor() -> None:
 def test_scaling_curves_refuses_an_empty_table_or_a_missing_column() -> None:
     import pandas as pd
 
-    from distsim.plots import scaling_curves
+    from distsim.io.plots import scaling_curves
 
     table = pd.DataFrame({"gpus": [1, 2, 4], "burst": [3.0, 2.0, 1.5]})
     assert len(scaling_curves(table, ["burst"], "ms").lines) == 1

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from distsim import AnalyticCosts, simulate
-from distsim.cluster import Cluster, Link
-from distsim.errors import DistsimError
-from distsim.models import Model, model_from_dict
-from distsim.plan import Plan, StagePlan
+from distsim.core.cluster import Cluster, Link
+from distsim.core.errors import DistsimError
+from distsim.core.models import Model, model_from_dict
+from distsim.plans.plan import Plan, StagePlan
 from distsim.search.dapple import check_with_simulator, plan_dapple, plan_micro_batches
 from distsim.search.dapple_dp import _latency_terms, beam_width
 from distsim.search.dapple_model import DappleSpec, StageCosts, evaluate, in_flight, pipeline_latency, place

@@ -15,12 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distsim import FlowOptions, simulate
-from distsim.burst import redistribution, shards
-from distsim.cluster import get_cluster
-from distsim.costs import AnalyticCosts
-from distsim.io import load_plan
-from distsim.models import Model, model_from_dict
-from distsim.models.zoo import get_model
+from distsim.core.cluster import get_cluster
+from distsim.core.models import Model, model_from_dict
+from distsim.core.models.zoo import get_model
+from distsim.io.files import load_plan
+from distsim.plans.redistribution import redistribution, shards
 from distsim.search.deeppool import (
     Block,
     Branch,
@@ -35,6 +34,7 @@ from distsim.search.deeppool import (
     power_counts,
     side_by_side,
 )
+from distsim.sim.costs import AnalyticCosts
 from tests.util import hand_cluster, run_cli
 
 approx = pytest.approx

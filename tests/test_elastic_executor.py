@@ -16,7 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distsim.errors import DistsimError  # noqa: E402
+from distsim.core.errors import DistsimError  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
 from distsim.executor.elastic import (  # noqa: E402
     ElasticTrainer,
     deterministic,
@@ -25,7 +26,6 @@ from distsim.executor.elastic import (  # noqa: E402
     save_checkpoint,
 )
 from distsim.executor.elastic_checkpoint import read_checkpoint  # noqa: E402
-from distsim.models import get_model  # noqa: E402
 
 SMALL_BERT = "bert-large:hidden=64,heads=4,layers=2,seq=32,vocab=512,precision=fp32"
 

@@ -26,9 +26,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim.cli.execute import BOTH, ELASTIC, PLAN, USED_BY, execute  # noqa: E402
+from distsim.core.errors import DistsimError  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
 from distsim.elastic import planner  # noqa: E402
 from distsim.elastic.planner import ElasticPlanError, enumerate_plans  # noqa: E402
-from distsim.errors import DistsimError  # noqa: E402
 from distsim.executor import elastic_checkpoint as ckpt  # noqa: E402
 from distsim.executor.elastic import (  # noqa: E402
     ElasticTrainer,
@@ -37,8 +38,7 @@ from distsim.executor.elastic import (  # noqa: E402
     memory_needed,
     save_checkpoint,
 )
-from distsim.models import get_model  # noqa: E402
-from distsim.output import OutputError  # noqa: E402
+from distsim.io.output import OutputError  # noqa: E402
 from tests.sweep import bounded, check_bad_input, peak_rss_bytes, write_files  # noqa: E402
 from tests.util import run_cli  # noqa: E402
 

@@ -216,10 +216,10 @@ def test_bad_input_is_one_line(args, message):
 
 # -------------------------------------------------------------------------------------------- capability, CLI
 def test_capability_is_one_over_the_simulated_single_gpu_iteration():
-    from distsim.cluster import V100_16GB, get_cluster
-    from distsim.collocate import background_iteration
+    from distsim.core.cluster import V100_16GB, get_cluster
     from distsim.elastic.capability import capability, single_gpu_cluster
-    from distsim.io import load_model
+    from distsim.io.files import load_model
+    from distsim.search.collocate import background_iteration
 
     model = load_model("resnet50")
     v100 = capability(model, "V100-16GB", 32)
@@ -252,7 +252,7 @@ def test_cli_json_and_the_cut(capsys):
 
 def test_cli_simulated_capabilities(capsys):
     from distsim.elastic.capability import capability
-    from distsim.io import load_model
+    from distsim.io.files import load_model
 
     rc, out, err = run(["search", "elastic", "-m", "resnet50", "-P", "8", "--gpus", "v100:2,T4:4", "--json",
                         "--capabilities", "T4:3"], capsys)  # fmt: skip
@@ -286,9 +286,9 @@ def test_cli_bad_input_is_one_line(capsys, args, message):
 
 
 def test_every_named_gpu_type_is_a_valid_single_gpu_machine():
-    from distsim.cluster import GPUS, gpu_type
+    from distsim.core.cluster import GPUS, gpu_type
     from distsim.elastic.capability import capability, single_gpu_cluster
-    from distsim.io import load_model
+    from distsim.io.files import load_model
 
     model = load_model("resnet50")
     rates = {name: capability(model, name, 32) for name in GPUS}

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsim import FlowOptions, Strategy, engine, get_cluster, get_model, simulate
-from distsim.costs import AnalyticCosts
-from distsim.errors import StrategyError
-from distsim.flow.uniform import build_flow
+from distsim import FlowOptions, Strategy, get_cluster, get_model, simulate
+from distsim.core.errors import StrategyError
+from distsim.sim import engine
+from distsim.sim.costs import AnalyticCosts
+from distsim.sim.flow.uniform import build_flow
 from tests.util import chain_model, hand_cluster
 
 

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim import Strategy, get_cluster  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
 from distsim.executor.reference import reference_step  # noqa: E402
-from distsim.models import get_model  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real multi-process runs
 
@@ -193,7 +193,7 @@ def test_execute_runs_the_merge_plan_search_merge_writes(tmp_path: Path) -> None
     run = distsim("execute", "--plan", str(plan_file), "--emulate-nodes", "1", "--procs-per-node", "2",
                   "--iterations", "1", "--warmup", "0", "--out", str(out))  # fmt: skip
     assert run.returncode == 0, run.stderr
-    from distsim.io import load_plan
+    from distsim.io.files import load_plan
 
     planned = load_plan(str(plan_file)).strategy
     ran = Strategy.from_str(json.loads(out.read_text())["plan"]["strategy"])

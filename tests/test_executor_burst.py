@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from distsim.burst import pieces, redistribution, shards
-from distsim.models import get_model
+from distsim.core.models import get_model
+from distsim.plans.redistribution import pieces, redistribution, shards
 from tests.util import run_cli
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
@@ -121,7 +121,7 @@ def test_two_ranks_run_a_burst_plan_as_one_process_with_the_simulators_events(
     torch = pytest.importorskip("torch")
     from distsim import get_cluster, simulate
     from distsim.executor.reference import reference_step
-    from distsim.io import load_plan
+    from distsim.io.files import load_plan
     from tests.test_executor_scale import assert_same_step
 
     plan_file, out, check = tmp_path / "p.yaml", tmp_path / "t.json", tmp_path / "c.pt"

@@ -15,15 +15,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim import Strategy, get_cluster  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
+from distsim.core.partition import ranges  # noqa: E402
+from distsim.core.placement import Placement  # noqa: E402
+from distsim.core.schedules import build_schedule  # noqa: E402
 from distsim.executor.clock import Clock, HostClock, Mark, clock_for, host_times  # noqa: E402
 from distsim.executor.recorder import Recorder, split_block  # noqa: E402
 from distsim.executor.runtime import Runtime  # noqa: E402
 from distsim.executor.worker import _assemble  # noqa: E402
-from distsim.models import get_model  # noqa: E402
-from distsim.partition import ranges  # noqa: E402
-from distsim.placement import Placement  # noqa: E402
-from distsim.schedules import build_schedule  # noqa: E402
-from distsim.trace import HOST_TIMING, Trace  # noqa: E402
+from distsim.io.trace import HOST_TIMING, Trace  # noqa: E402
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
 
@@ -207,10 +207,10 @@ def test_validate_compares_device_spans_counts_host_rows_in_the_iteration_and_no
 ) -> None:
     import pandas as pd
 
-    from distsim.costs import AnalyticCosts
-    from distsim.io import load_cluster, load_model, write_json
-    from distsim.simulate import simulate
-    from distsim.timeline import COLUMNS
+    from distsim.io.files import load_cluster, load_model, write_json
+    from distsim.plans.simulate import simulate
+    from distsim.sim.costs import AnalyticCosts
+    from distsim.sim.timeline import COLUMNS
     from tests.util import run_cli
 
     model, cluster = load_model("gpt2-cpu"), load_cluster("cpu-1x2")

@@ -20,14 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim import Strategy, get_cluster, simulate  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
+from distsim.core.partition import ranges  # noqa: E402
+from distsim.core.placement import Placement  # noqa: E402
+from distsim.core.schedules import build_schedule  # noqa: E402
 from distsim.executor.reference import reference_step  # noqa: E402
 from distsim.executor.runtime import Runtime  # noqa: E402
 from distsim.executor.zero import padded_layout  # noqa: E402
-from distsim.flow.recompute import eligible_layers  # noqa: E402
-from distsim.models import get_model  # noqa: E402
-from distsim.partition import ranges  # noqa: E402
-from distsim.placement import Placement  # noqa: E402
-from distsim.schedules import build_schedule  # noqa: E402
+from distsim.sim.flow.recompute import eligible_layers  # noqa: E402
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
 ODD = "gpt2-345m:seq=16,layers=2,hidden=33,heads=3,vocab=64,precision=fp32"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from distsim import FlowOptions, Strategy, simulate
-from distsim.schedules import one_f_one_b, peak_in_flight, warmup_count
+from distsim.core.schedules import one_f_one_b, peak_in_flight, warmup_count
 from tests.util import InterferingCosts, chain_model, hand_cluster
 
 UNIFORM_2 = [(1.0, 2.0, 0, 0.0), (1.0, 2.0, 0, 0.0)]
@@ -165,8 +165,8 @@ def test_the_last_stages_backward_waits_for_its_forwards_tensor_parallel_all_red
     that all-reduce, not when the forward's compute ends. One sharded layer on tp = 2 (given times split over tp),
     all-reduces of 250 B at 1000 B/s (ring over 2: 0.25 s): F 0-0.5, its all-reduce 0.5-0.75, B 0.75-1.75, the
     backward all-reduce 1.75-2.0."""
-    from distsim.costs import AnalyticCosts
-    from distsim.models import model_from_dict
+    from distsim.core.models import model_from_dict
+    from distsim.sim.costs import AnalyticCosts
     from tests.util import hand_cluster
 
     layer = {"name": "l0", "forward_s": 1.0, "backward_s": 2.0, "params": 0, "tp": "shard", "tp_allreduce_bytes": 250.0}

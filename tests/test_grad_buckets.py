@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distsim import Strategy  # noqa: E402
-from distsim.flow.sync import MB, SyncContext, SyncSettings, lower  # noqa: E402
-from distsim.models import get_model  # noqa: E402
-from distsim.models.cnn import _Builder  # noqa: E402
-from distsim.models.graph import FP32, Model  # noqa: E402
+from distsim.core.models import get_model  # noqa: E402
+from distsim.core.models.cnn import _Builder  # noqa: E402
+from distsim.core.models.graph import FP32, Model  # noqa: E402
+from distsim.core.sync import MB, SyncContext, SyncSettings, lower  # noqa: E402
 from distsim.profiler.blocks import build_block  # noqa: E402
 
 
@@ -58,14 +58,14 @@ SMALL_GPT = "gpt2-345m:seq=32,layers=4,hidden=128,heads=4,vocab=1024,precision=f
 
 def _runtime(spec: str, text: str, rank: int = 0) -> Any:
     """An executor rank of `text` on a cluster of its size, built in this process (no process group: nothing runs)."""
-    from distsim.cluster import get_cluster
-    from distsim.costs import AnalyticCosts
+    from distsim.core.cluster import get_cluster
+    from distsim.core.partition import ranges
+    from distsim.core.placement import Placement
+    from distsim.core.schedules import build_schedule
     from distsim.executor.runtime import Runtime
-    from distsim.flow.events import resolve_partition
-    from distsim.flow.uniform import merge_groups
-    from distsim.partition import ranges
-    from distsim.placement import Placement
-    from distsim.schedules import build_schedule
+    from distsim.sim.costs import AnalyticCosts
+    from distsim.sim.flow.events import resolve_partition
+    from distsim.sim.flow.uniform import merge_groups
 
     model = get_model(spec)
     strategy = Strategy.from_str(text)
@@ -198,7 +198,7 @@ def test_executor_ranks_issue_the_simulators_buckets(spec: str, text: str) -> No
     """Every rank's gradients, from its own parameters, are the simulator's (``Model.stored_tensors``), and its
     all-reduces have the simulated GPU's names, layers and stages in the same order."""
     from distsim import simulate
-    from distsim.cluster import get_cluster
+    from distsim.core.cluster import get_cluster
 
     first = _runtime(spec, text)
     strategy = first.strategy

@@ -1,5 +1,5 @@
 """Every bad model, cluster, plan or profile input is one line on stderr and exit status 2, and absurd sizes are
-refused before they allocate (the rule of distsim/errors.py: never a traceback, never a silent wrong answer)."""
+refused before they allocate (the rule of distsim/core/errors.py: never a traceback, never a silent wrong answer)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsim import Strategy, simulate
-from distsim.flow.events import FlowOptions
-from distsim.models import Model
-from distsim.plan import Plan, StagePlan
-from distsim.simulate import SimulationTooLarge, estimate_size
+from distsim.core.models import Model
+from distsim.plans.plan import Plan, StagePlan
+from distsim.plans.simulate import SimulationTooLarge, estimate_size
+from distsim.sim.flow.events import FlowOptions
 from tests.test_invariants import Scenario, scenarios
 from tests.util import InterferingCosts, chain_model, hand_cluster, run_cli
 
@@ -230,7 +230,7 @@ def test_deep_json_profile_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_shipped_profiles_and_traces_are_within_the_file_limits() -> None:
-    from distsim.io import MAX_FILE_BYTES, load_profile, load_trace
+    from distsim.io.files import MAX_FILE_BYTES, load_profile, load_trace
 
     profiles = sorted((ROOT / "profiles").rglob("*.json"))
     traces = sorted(p for p in (ROOT / "traces").glob("*.json") if not p.name.endswith(".chrome.json"))

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from distsim import FlowOptions, Strategy, simulate
-from distsim.cluster import Cluster
-from distsim.models import Model, model_from_dict
+from distsim.core.cluster import Cluster
+from distsim.core.models import Model, model_from_dict
 from tests.util import InterferingCosts, hand_cluster
 
 EXAMPLES = int(os.environ.get("DISTSIM_HYPOTHESIS_EXAMPLES", "80"))  # raise it for a longer hunt
@@ -233,8 +233,8 @@ def test_symmetric_and_full_simulation_agree(sc: Scenario) -> None:
 @given(scenarios())
 def test_chains_emit_exactly_the_tasks_of_the_op_by_op_builder(sc: Scenario) -> None:
     """A rank simulated by one GPU emits its templates as chains; op by op gives the very same flow."""
-    import distsim.flow.uniform as strategy_flow
-    from distsim.flow.uniform import build_flow
+    import distsim.sim.flow.uniform as strategy_flow
+    from distsim.sim.flow.uniform import build_flow
 
     options = sc.options
     costs = InterferingCosts(sc.cluster, slowdowns=sc.interference, launch_s=sc.launch_s)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distsim.launch import Emulation, NetnsNodes, _burst_bytes, netns_problem
+from distsim.infra.launch import Emulation, NetnsNodes, _burst_bytes, netns_problem
 
 pytestmark = [
     pytest.mark.skipif(netns_problem() is not None, reason=f"network namespaces: {netns_problem()}"),
@@ -75,7 +75,7 @@ def test_the_link_is_shaped_at_the_requested_rate_and_removed_after() -> None:
 
 
 def test_a_failed_setup_leaves_no_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
-    import distsim.launch as launch
+    import distsim.infra.launch as launch
 
     real_run = launch._run
 
@@ -93,7 +93,7 @@ def test_a_failed_setup_leaves_no_namespace(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_emulation_refuses_a_bad_rate() -> None:
-    from distsim.errors import DistsimError
+    from distsim.core.errors import DistsimError
 
     with pytest.raises(DistsimError, match="takes a tc rate"):
         Emulation(2, 1, "fast")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from distsim import launch as launch_mod
-from distsim.launch import LAUNCH_DIR_PREFIX, OWNER_FILE, Emulation, netns_problem, remove_stale_launch_dirs
+from distsim.infra import launch as launch_mod
+from distsim.infra.launch import LAUNCH_DIR_PREFIX, OWNER_FILE, Emulation, netns_problem, remove_stale_launch_dirs
 
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
 BOUND_S = 300.0  # generous (a loaded machine starts torch ranks slowly): polling ends as soon as the condition holds
@@ -121,7 +121,7 @@ def test_a_killed_launcher_takes_its_ranks_writes_nothing_and_the_next_launch_re
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     live = launch_mod._make_launch_dir()  # this process's: running
     # the next launch (any job: a rank here only imports a module) removes them as it starts, and keeps the live one
-    launch_mod.launch("distsim.launch", {}, Emulation(2, 1, "1gbit") if netns else Emulation(1, 2), timeout_s=120)
+    launch_mod.launch("distsim.infra.launch", {}, Emulation(2, 1, "1gbit") if netns else Emulation(1, 2), timeout_s=120)
     assert list(tmp.glob(f"{LAUNCH_DIR_PREFIX}*")) == [live]  # (torch keeps a cache of its own there)
     listed = _namespaces() if netns else ""
     assert not any(n in listed for n in names), listed
@@ -138,7 +138,7 @@ time.sleep(600)
 
 RANK = """
 import os, time
-from distsim.launch import watch_launcher
+from distsim.infra.launch import watch_launcher
 watch_launcher()
 print(os.getpid(), os.getppid(), flush=True)
 time.sleep(600)

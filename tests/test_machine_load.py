@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distsim.machine_load import (
+from distsim.infra.machine_load import (
     BUSY_CORES_MARGIN,
     BUSY_MARGIN,
     DRIFT_LIMIT,

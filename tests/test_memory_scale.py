@@ -12,15 +12,15 @@ import json
 import pytest
 
 from distsim import FlowOptions, Strategy, get_cluster, get_model
-from distsim.costs import AnalyticCosts
-from distsim.errors import ModelFileError
-from distsim.flow.events import resolve_partition
-from distsim.memory import MemoryEstimate, estimate_memory, layer_activations, recomputed_layers
-from distsim.models import model_from_dict
-from distsim.models.graph import Model
-from distsim.models.transformer import decoder_only
-from distsim.partition import ranges
-from distsim.schedules import build_schedule
+from distsim.core.errors import ModelFileError
+from distsim.core.models import model_from_dict
+from distsim.core.models.graph import Model
+from distsim.core.models.transformer import decoder_only
+from distsim.core.partition import ranges
+from distsim.core.schedules import build_schedule
+from distsim.sim.costs import AnalyticCosts
+from distsim.sim.flow.events import resolve_partition
+from distsim.sim.memory import MemoryEstimate, estimate_memory, layer_activations, recomputed_layers
 from tests.util import run_cli
 
 GB = 1e9

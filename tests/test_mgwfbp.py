@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsim.mgwfbp import (
+from distsim.core.mgwfbp import (
     ALLREDUCE_ALGORITHMS,
     MergeError,
     MergeProblem,

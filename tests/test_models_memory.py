@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from distsim import Strategy, get_cluster, get_model, simulate
-from distsim.errors import ModelFileError, StrategyError, UnknownNameError
-from distsim.models import ZOO, model_from_dict
+from distsim.core.errors import ModelFileError, StrategyError, UnknownNameError
+from distsim.core.models import ZOO, model_from_dict
 from tests.util import chain_model, hand_cluster
 
 

@@ -1,7 +1,7 @@
 """The notebooks use the public API only, and run top to bottom in a real Jupyter kernel showing every figure.
 
 The slow test executes each notebook with nbclient (one ipykernel per notebook, in a temporary working directory) and
-checks what a Jupyter user sees: no cell fails, and every cell that calls a :mod:`distsim.plots` function shows an
+checks what a Jupyter user sees: no cell fails, and every cell that calls a :mod:`distsim.io.plots` function shows an
 ``image/png``. Plotting cells are found by parsing the cells, so a new plotting cell is checked without tagging it.
 """
 
@@ -20,15 +20,15 @@ from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
 import distsim
-import distsim.plots
+import distsim.io.plots
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["quickstart", "search", "deeppool"]
-PUBLIC_MODULES = ("distsim", "distsim.plots", "distsim.search", "distsim.io")
+PUBLIC_MODULES = ("distsim", "distsim.io.plots", "distsim.search", "distsim.io.files")
 PLOT_FUNCTIONS = {
     name
-    for name, obj in vars(distsim.plots).items()
-    if inspect.isfunction(obj) and obj.__module__ == "distsim.plots" and not name.startswith("_")
+    for name, obj in vars(distsim.io.plots).items()
+    if inspect.isfunction(obj) and obj.__module__ == "distsim.io.plots" and not name.startswith("_")
 }
 
 
@@ -66,21 +66,21 @@ def _private_imports(tree: ast.Module) -> list[str]:
 
 
 def _plotting_cells(nb: nbformat.NotebookNode) -> list[int]:
-    """Indices of the code cells that call a distsim.plots function, following the names earlier cells imported."""
+    """Indices of the code cells that call a distsim.io.plots function, following the names earlier cells imported."""
     functions: set[str] = set()  # names bound to a plot function
-    modules = {"distsim.plots"}  # expressions naming the distsim.plots module
+    modules = {"distsim.io.plots"}  # expressions naming the distsim.io.plots module
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         tree = _parse(cell.source)
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "distsim.plots":
+            if isinstance(node, ast.ImportFrom) and node.module == "distsim.io.plots":
                 functions |= {a.asname or a.name for a in node.names if a.name in PLOT_FUNCTIONS}
             elif isinstance(node, ast.ImportFrom) and node.module == "distsim":
                 modules |= {a.asname or a.name for a in node.names if a.name == "plots"}
             elif isinstance(node, ast.Import):
-                modules |= {a.asname for a in node.names if a.name == "distsim.plots" and a.asname}
+                modules |= {a.asname for a in node.names if a.name == "distsim.io.plots" and a.asname}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -103,11 +103,11 @@ def test_notebook_is_public_api_and_stored_small(name: str) -> None:
         assert not private, f"{name}.ipynb cell {i} imports a private module: {private}"
         # outputs are made by running the notebook (the slow test); stored ones would go stale and grow the repository
         assert not cell.outputs and cell.execution_count is None, f"{name}.ipynb cell {i} is stored with its outputs"
-    assert _plotting_cells(nb), f"{name}.ipynb calls no distsim.plots function"
+    assert _plotting_cells(nb), f"{name}.ipynb calls no distsim.io.plots function"
 
 
 def test_plot_figures_display_as_png_without_pyplot() -> None:
-    """What ``display(fig)`` and a cell ending in ``fig`` ask of IPython, outside a kernel: each figure distsim.plots
+    """What ``display(fig)`` and a cell ending in ``fig`` ask of IPython, outside a kernel: each figure distsim.io.plots
     makes has an image/png representation, also where matplotlib-inline has registered no figure formatter."""
     from IPython.core.formatters import DisplayFormatter
 
@@ -118,9 +118,9 @@ def test_plot_figures_display_as_png_without_pyplot() -> None:
     timeline = simulate(model, cluster, Strategy.from_str("1M2P8D", num_micro_batches=4)).timeline
     table = grid_search(model, cluster, GridSpec(gpus=16, global_batch=16)).table()
     figures = [
-        distsim.plots.gantt(timeline).figure,
-        distsim.plots.search_bars(table).figure,
-        distsim.plots.compare_gantt(timeline, timeline),
+        distsim.io.plots.gantt(timeline).figure,
+        distsim.io.plots.search_bars(table).figure,
+        distsim.io.plots.compare_gantt(timeline, timeline),
     ]
     for fig in figures:
         data, _ = DisplayFormatter().format(fig)
@@ -152,5 +152,5 @@ def test_notebook_runs_in_a_kernel_and_shows_its_figures(
     for i in plotting:
         images = [o.data["image/png"] for o in nb.cells[i].outputs if "image/png" in o.get("data", {})]
         shown = [o.get("data", {}).get("text/plain", o.output_type) for o in nb.cells[i].outputs]
-        assert images, f"{name}.ipynb cell {i} calls distsim.plots but shows no image, only {shown}"
+        assert images, f"{name}.ipynb cell {i} calls distsim.io.plots but shows no image, only {shown}"
         assert all(base64.b64decode(png).startswith(b"\x89PNG\r\n\x1a\n") for png in images)

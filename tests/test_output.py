@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distsim.output import OutputError, check_output, open_output
+from distsim.io.output import OutputError, check_output, open_output
 from tests.util import run_cli as run
 
 REPO = Path(__file__).resolve().parents[1]

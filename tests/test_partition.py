@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsim.errors import StrategyError
-from distsim.partition import _fits, balanced_partition
+from distsim.core.errors import StrategyError
+from distsim.core.partition import _fits, balanced_partition
 
 
 def reference_partition(weights: list[float], k: int) -> tuple[int, ...]:

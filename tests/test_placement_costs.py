@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from distsim import Strategy, get_cluster
-from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, ring_volume
-from distsim.errors import ProfileError
-from distsim.models.graph import Block
-from distsim.placement import Placement, parse_order
-from distsim.profile_db import AlphaBetaFit, CommMeasurement, Measurement, ProfileDB
+from distsim.core.errors import ProfileError
+from distsim.core.models.graph import Block
+from distsim.core.placement import Placement, parse_order
+from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, ring_volume
+from distsim.sim.profile_db import AlphaBetaFit, CommMeasurement, Measurement, ProfileDB
 from tests.util import hand_cluster
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from distsim import AnalyticCosts, FlowOptions, Strategy, get_cluster, get_model, simulate
-from distsim.costs import ProfileCosts
-from distsim.flow.events import K_DP, K_P2P, resolve_partition
-from distsim.flow.stages import build_plan_flow
-from distsim.io import load_plan, load_profile, write_plan
-from distsim.plan import Plan, PlanError, StagePlan, check_plan, parse_devices, plan_from_dict, stages_plan
+from distsim.io.files import load_plan, load_profile, write_plan
+from distsim.plans.plan import Plan, PlanError, StagePlan, check_plan, parse_devices, plan_from_dict, stages_plan
+from distsim.plans.stages_flow import build_plan_flow
+from distsim.sim.costs import ProfileCosts
+from distsim.sim.flow.events import K_DP, K_P2P, resolve_partition
 from tests.util import chain_model, hand_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

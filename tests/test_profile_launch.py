@@ -12,15 +12,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distsim.cluster import get_cluster  # noqa: E402
-from distsim.costs import AnalyticCosts, ComputeEvent, Cost, ProfileCosts  # noqa: E402
-from distsim.discovery import discover  # noqa: E402
-from distsim.io import load_model, load_profile, write_json  # noqa: E402
-from distsim.models.graph import FP32  # noqa: E402
-from distsim.models.transformer import mlp_block  # noqa: E402
-from distsim.profile_db import Measurement, ProfileDB  # noqa: E402
+from distsim.core.cluster import get_cluster  # noqa: E402
+from distsim.core.models.graph import FP32  # noqa: E402
+from distsim.core.models.transformer import mlp_block  # noqa: E402
+from distsim.core.strategy import Strategy  # noqa: E402
+from distsim.io.files import load_model, load_profile, write_json  # noqa: E402
 from distsim.profiler.compute import EVICT_BYTES, evict_bytes, time_compute_event  # noqa: E402
-from distsim.strategy import Strategy  # noqa: E402
+from distsim.search.discovery import discover  # noqa: E402
+from distsim.sim.costs import AnalyticCosts, ComputeEvent, Cost, ProfileCosts  # noqa: E402
+from distsim.sim.profile_db import Measurement, ProfileDB  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ComputeEvent(mlp_block(32, 64, 8, FP32), "F", 1, 1, "fp32")
@@ -58,7 +58,7 @@ def test_launch_time_and_ratio_round_trip_through_the_profile_database(tmp_path:
 def test_a_malformed_launch_time_is_refused(tmp_path: Path, bad: object) -> None:
     data = ProfileDB(compute={"k": Measurement(1e-3)}).to_dict()
     data["compute"]["k"]["launch_s"] = bad
-    from distsim.errors import ProfileError
+    from distsim.core.errors import ProfileError
 
     with pytest.raises(ProfileError, match="compute 'k'"):
         ProfileDB.from_dict(data)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from distsim.costs import AnalyticCosts, ProfileCosts
-from distsim.discovery import Discovery, discover
-from distsim.io import load_cluster, load_model, load_profile
-from distsim.strategy import Strategy
+from distsim.core.strategy import Strategy
+from distsim.io.files import load_cluster, load_model, load_profile
+from distsim.search.discovery import Discovery, discover
+from distsim.sim.costs import AnalyticCosts, ProfileCosts
 from tests.util import run_cli
 
 TINY = "gpt2-345m:seq=32,layers=2,hidden=64,heads=4,vocab=256,precision=fp32"

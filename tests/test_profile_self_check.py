@@ -9,15 +9,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distsim.cluster import get_cluster  # noqa: E402
-from distsim.costs import AnalyticCosts  # noqa: E402
-from distsim.discovery import discover  # noqa: E402
-from distsim.io import load_model, load_profile, write_json  # noqa: E402
-from distsim.profile_db import Measurement, ProfileDB  # noqa: E402
+from distsim.core.cluster import get_cluster  # noqa: E402
+from distsim.core.strategy import Strategy  # noqa: E402
+from distsim.infra.self_check import bias_warning, describe, summarise  # noqa: E402
+from distsim.io.files import load_model, load_profile, write_json  # noqa: E402
 from distsim.profiler.compute import time_compute_event  # noqa: E402
 from distsim.profiler.insitu import plan_chains, run_chains  # noqa: E402
-from distsim.self_check import bias_warning, describe, summarise  # noqa: E402
-from distsim.strategy import Strategy  # noqa: E402
+from distsim.search.discovery import discover  # noqa: E402
+from distsim.sim.costs import AnalyticCosts  # noqa: E402
+from distsim.sim.profile_db import Measurement, ProfileDB  # noqa: E402
 
 from .util import run_cli  # noqa: E402
 

@@ -11,10 +11,9 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from distsim.costs import ComputeEvent
-from distsim.models.cnn import _Builder, inception_v3, resnet50
-from distsim.models.graph import FP32, Block, Layer
-from distsim.models.transformer import attention_block, embedding_layer, lm_head_layer, mlp_block
+from distsim.core.models.cnn import _Builder, inception_v3, resnet50
+from distsim.core.models.graph import FP32, Block, Layer
+from distsim.core.models.transformer import attention_block, embedding_layer, lm_head_layer, mlp_block
 from distsim.profiler.blocks import (
     BlockModule,
     build_block,
@@ -26,6 +25,7 @@ from distsim.profiler.blocks import (
 )
 from distsim.profiler.compute import count_flops, device_name, time_compute_event
 from distsim.profiler.tp_comm import ReduceOp, TPComm
+from distsim.sim.costs import ComputeEvent
 
 H, HEADS, SEQ, FFN, VOCAB, KV_SEQ = 32, 4, 8, 64, 64, 12
 MBS = 2

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from distsim.launch import netns_problem
+from distsim.infra.launch import netns_problem
 from tests.util import run_cli
 
 pytestmark = pytest.mark.slow  # real multi-process runs

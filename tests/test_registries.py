@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from distsim.flow.sync import MODES
-from distsim.schedules import SCHEDULES, gpipe, register_schedule
+from distsim.core.schedules import SCHEDULES, gpipe, register_schedule
+from distsim.core.sync import MODES
 from tests.util import run_cli
 
 SIM = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches", "4"]

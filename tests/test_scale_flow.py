@@ -15,21 +15,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from distsim import FlowOptions, Strategy, simulate
-from distsim.cluster import get_cluster
-from distsim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, share_cost
-from distsim.discovery import discover
-from distsim.flow.recompute import MODES as RECOMPUTE
-from distsim.flow.recompute import attention_core, eligible_layers, recomputed_layers
-from distsim.flow.sync import SHARDINGS
-from distsim.flow.templates import sequence_parallel_block, tp_collectives
-from distsim.kernels import op_s
-from distsim.models import model_from_dict
-from distsim.models.ops import AttentionOp
-from distsim.models.transformer import decoder_only
-from distsim.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
-from distsim.profile_db import Measurement, ProfileDB
-from distsim.simulate import estimate_size
-from distsim.strategy import RECOMPUTE_MODES, SHARDING_MODES
+from distsim.core.cluster import get_cluster
+from distsim.core.models import model_from_dict
+from distsim.core.models.ops import AttentionOp
+from distsim.core.models.transformer import decoder_only
+from distsim.core.strategy import RECOMPUTE_MODES, SHARDING_MODES
+from distsim.core.sync import SHARDINGS
+from distsim.plans.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
+from distsim.plans.simulate import estimate_size
+from distsim.search.discovery import discover
+from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, share_cost
+from distsim.sim.flow.recompute import MODES as RECOMPUTE
+from distsim.sim.flow.recompute import attention_core, eligible_layers, recomputed_layers
+from distsim.sim.flow.templates import sequence_parallel_block, tp_collectives
+from distsim.sim.kernels import op_s
+from distsim.sim.profile_db import Measurement, ProfileDB
 from tests.test_invariants import SETTINGS, Scenario, _run, scenarios
 from tests.util import InterferingCosts, chain_model, hand_cluster, run_cli
 

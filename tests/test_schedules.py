@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from distsim import Strategy
-from distsim.errors import ScheduleError
-from distsim.schedules import Action, Schedule, build_schedule, format_grid, gpipe, interleaved, one_f_one_b
+from distsim.core.errors import ScheduleError
+from distsim.core.schedules import Action, Schedule, build_schedule, format_grid, gpipe, interleaved, one_f_one_b
 
 
 def test_action_grammar() -> None:

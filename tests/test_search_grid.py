@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from distsim import AnalyticCosts, Strategy, get_cluster, get_model, simulate
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 from distsim.search.grid import GridSpec, grid_search
 from distsim.search.space import cluster_for, enumerate_strategies
 from tests.util import run_cli

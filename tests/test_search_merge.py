@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from distsim import AnalyticCosts, Cluster, FlowOptions, Strategy, get_cluster, get_model, simulate
-from distsim import mgwfbp as mg
-from distsim.flow.uniform import merge_groups
-from distsim.models import Model
+from distsim.core import mgwfbp as mg
+from distsim.core.models import Model
 from distsim.search.merge import MergeSearchError, cluster_of, compare_sync, sweep_workers
+from distsim.sim.flow.uniform import merge_groups
 from tests.util import chain_model, hand_cluster, run_cli
 
 HOST_OFF = FlowOptions(host=False)

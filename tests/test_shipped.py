@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from distsim import FlowOptions, Strategy, get_cluster, get_model, simulate
-from distsim.costs import AnalyticCosts, ProfileCosts
-from distsim.io import load_profile
+from distsim.io.files import load_profile
+from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "cpu-gloo.json"

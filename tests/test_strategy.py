@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from distsim import Strategy, get_cluster, get_model
-from distsim.errors import StrategyError
-from distsim.strategy import check_strategy
+from distsim.core.errors import StrategyError
+from distsim.core.strategy import check_strategy
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distsim.output import open_output
+from distsim.io.output import open_output
 from tests.util import run_cli
 
 SIM = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches", "4"]

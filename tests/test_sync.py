@@ -1,4 +1,4 @@
-"""Gradient synchronisation as a pass (distsim/flow/sync.py): the modes' buckets, hand-computed data-parallel
+"""Gradient synchronisation as a pass (distsim/core/sync.py): the modes' buckets, hand-computed data-parallel
 timelines under each mode, the strategy and plan fields that carry them, and the CLI's choices."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from distsim import Strategy, simulate
-from distsim.costs import AnalyticCosts
-from distsim.errors import StrategyError
-from distsim.flow.sync import MB, MODES, GradUnit, SyncContext, SyncSettings, ddp_buckets, lower, tensor_bytes
-from distsim.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
-from distsim.strategy import check_strategy
+from distsim.core.errors import StrategyError
+from distsim.core.strategy import check_strategy
+from distsim.core.sync import MB, MODES, GradUnit, SyncContext, SyncSettings, ddp_buckets, lower, tensor_bytes
+from distsim.plans.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
+from distsim.sim.costs import AnalyticCosts
 from tests.util import chain_model, hand_cluster, run_cli
 
 
@@ -124,7 +124,7 @@ def test_cli_offers_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bucket_names_stay_unique_when_ddp_splits_a_layer() -> None:
-    from distsim.flow.comm import bucket_names
+    from distsim.sim.flow.comm import bucket_names
 
     tiny = SyncContext(_units(), lambda n: 1.0, settings=SyncSettings(bucket_cap_mb=60 / MB, first_bucket_mb=40 / MB))
     lowered = lower("ddp", tiny)  # layer 2's two tensors land in two buckets

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from distsim.io import load_model, load_profile
-from distsim.profile_db import MODEL_VERSION, VERSION, Measurement, ProfileDB
+from distsim.io.files import load_model, load_profile
+from distsim.sim.profile_db import MODEL_VERSION, VERSION, Measurement, ProfileDB
 from tests.util import run_cli
 
 HELPER = "tests.torch_helper"
@@ -80,7 +80,7 @@ def test_grid_search_and_execute_of_a_profiled_module(tmp_path: Path, capsys: py
 # ------------------------------------------------------------------------------------------------------ discovery
 def test_sequential_of_identical_blocks_is_pre_blocks_post() -> None:
     pytest.importorskip("torch")
-    from distsim.models import model_from_dict
+    from distsim.core.models import model_from_dict
     from distsim.profiler.torch_model import trace
     from tests.torch_helper import make_mlp
 
@@ -108,7 +108,7 @@ def test_a_module_without_repeated_blocks_gets_a_layer_per_child() -> None:
 
 def test_tiny_hugging_face_gpt2_is_embeddings_two_blocks_and_tied_head() -> None:
     pytest.importorskip("transformers")
-    from distsim.models import model_from_dict
+    from distsim.core.models import model_from_dict
     from distsim.profiler.torch_model import trace
 
     traced = trace(f"{HELPER}:make", "cpu")

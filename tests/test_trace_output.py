@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from distsim import Strategy, get_cluster, get_model, simulate
-from distsim import perfetto as pf
-from distsim.io import write_chrome_trace, write_timeline_csv
-from distsim.timeline import Timeline
-from distsim.trace_export import TraceSource, estimate, iter_chrome_events, trace_format
+from distsim.io import perfetto as pf
+from distsim.io.files import write_chrome_trace, write_timeline_csv
+from distsim.io.trace_export import TraceSource, estimate, iter_chrome_events, trace_format
+from distsim.sim.timeline import Timeline
 from tests.util import run_cli as run
 
 

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from distsim import Strategy, simulate
-from distsim.costs import AnalyticCosts
-from distsim.io import load_cluster, load_model, write_json
-from distsim.timeline import COLUMNS, Timeline
-from distsim.trace import Trace
-from distsim.validate import block_spans, compare
+from distsim.io.files import load_cluster, load_model, write_json
+from distsim.io.trace import Trace
+from distsim.sim.costs import AnalyticCosts
+from distsim.sim.timeline import COLUMNS, Timeline
+from distsim.sim.validate import block_spans, compare
 from tests.util import run_cli as run
 
 MODEL, CLUSTER = "gpt2-cpu", "cpu-1x2"

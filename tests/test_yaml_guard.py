@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distsim.yaml_guard import MAX_DEPTH, ExpansionError, flow_depth, load
+from distsim.io.yaml_guard import MAX_DEPTH, ExpansionError, flow_depth, load
 
 _TRICKY = st.text(alphabet="ab []{}'\"#:,-?|>\\\n\t", max_size=12)
 _DOCS = st.recursive(

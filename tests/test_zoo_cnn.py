@@ -8,9 +8,9 @@ from collections.abc import Callable
 import networkx as nx
 import pytest
 
-from distsim.errors import ModelFileError
-from distsim.models.cnn import inception_v3, resnet50, vgg16, vgg19
-from distsim.models.graph import FP16_MIXED, FP32, Layer, Model
+from distsim.core.errors import ModelFileError
+from distsim.core.models.cnn import inception_v3, resnet50, vgg16, vgg19
+from distsim.core.models.graph import FP16_MIXED, FP32, Layer, Model
 
 BUILDERS: dict[str, Callable[..., Model]] = {
     "vgg16": vgg16,

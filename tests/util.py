@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from distsim.cli import main
-from distsim.cluster import GPU, Cluster, Link
-from distsim.costs import AnalyticCosts, ComputeEvent, Cost
-from distsim.models import Model, model_from_dict
+from distsim.core.cluster import GPU, Cluster, Link
+from distsim.core.models import Model, model_from_dict
+from distsim.sim.costs import AnalyticCosts, ComputeEvent, Cost
 
 # Links move 1000 bytes/s with no latency, so bytes/1000 is the transfer time; compute times are given by the model;
 # memory bandwidth is so high that the optimizer step costs ~1e-27 s.

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from distsim.errors import DistsimError
-from distsim.output import silence_stdout, standard_output
+from distsim.core.errors import DistsimError
+from distsim.io.output import silence_stdout, standard_output
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -31,7 +31,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit status 2 for bad input.
 
-    Standard output is guarded while the command runs (:func:`distsim.output.standard_output`): a reader that went
+    Standard output is guarded while the command runs (:func:`distsim.io.output.standard_output`): a reader that went
     away ends what was being written to it quietly, the command goes on and exits 0 (its summary still reaches
     stderr); a write that fails otherwise (a full disk) is one line, exit status 2, even when it only shows at the
     last flush, and nothing is left to fail again at exit."""

@@ -10,8 +10,8 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import FiniteFloatRange, Progress, check_outputs, parse_type_map
+from distsim.core.errors import DistsimError
 from distsim.elastic.cluster_sim import DEFAULT_MAX_JOBS
-from distsim.errors import DistsimError
 
 DEFAULT_TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "elastic", "data",
                              "synthetic-150.csv")  # fmt: skip
@@ -62,9 +62,9 @@ def simulated_capabilities(cluster: dict[str, int], batch: int) -> tuple[Any, li
     """A capability hook for :func:`~distsim.elastic.cluster_sim.simulate_cluster`: a job whose model is a zoo model
     gets C_i = 1 / its simulated one-GPU iteration on each of the cluster's GPU types (one simulation per model and
     type); the second item lists the models it simulated (filled as the hook runs)."""
+    from distsim.core.models.zoo import ZOO, get_model
     from distsim.elastic.capability import capabilities
     from distsim.elastic.jobs import MIN_CAPABILITY
-    from distsim.models.zoo import ZOO, get_model
 
     cache: dict[str, dict[str, float] | None] = {}
     simulated: list[str] = []
@@ -156,7 +156,7 @@ def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: floa
                            f"{r['makespan_ratio']:>5.2f}x ({r['paper_makespan_ratio']:.1f}x)")  # fmt: skip
             click.echo(f"\n{WHY}")
     if plot_path:
-        from distsim.io import write_figure
-        from distsim.plots import cluster_sim_figure
+        from distsim.io.files import write_figure
+        from distsim.io.plots import cluster_sim_figure
 
         write_figure(plot_path, cluster_sim_figure(results, title=f"{len(jobs)} jobs on {gpus}"))

@@ -1,5 +1,5 @@
 """Collocation on the command line: ``simulate --background MODEL`` options, and the report's text (for any command
-that collocates a background job with its foreground, see :mod:`distsim.collocate`)."""
+that collocates a background job with its foreground, see :mod:`distsim.search.collocate`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from distsim.cli.common import GB, fmt_time
-from distsim.collocate import DEFAULT_BACKGROUND_BATCH, CollocationReport, collocation_report
-from distsim.errors import DistsimError
-from distsim.plan import format_devices, parse_devices
+from distsim.core.errors import DistsimError
+from distsim.plans.plan import format_devices, parse_devices
+from distsim.search.collocate import DEFAULT_BACKGROUND_BATCH, CollocationReport, collocation_report
 
 
 def background_options(f: Any) -> Any:
@@ -39,7 +39,7 @@ def background_options(f: Any) -> Any:
 def check_background(kw: dict[str, Any]) -> Any:
     """The background model of --background (loaded before anything is simulated), or None; the options that need
     it are refused without it."""
-    from distsim.io import load_model
+    from distsim.io.files import load_model
 
     if not kw["background_name"]:
         needs = {"background_gpus": "--background-gpus", "collocation_slowdown": "--collocation-slowdown"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 GB = 1e9
 
@@ -102,7 +102,7 @@ def parse_bytes(text: str, option: str = "--max-comm-bytes") -> int:
 
 
 def parse_schedules(text: str) -> tuple[str, ...]:
-    from distsim.schedules import SCHEDULES
+    from distsim.core.schedules import SCHEDULES
 
     names = tuple(x.strip().lower() for x in text.split(",") if x.strip())
     bad = [n for n in names if n not in SCHEDULES and n != "dapple"]
@@ -128,8 +128,8 @@ STRATEGY_OPTIONS = (
 
 
 def grad_sync_options(default: str | None = None) -> Any:
-    """``--grad-sync`` (the modes of :mod:`distsim.flow.sync`, each explained) and ``--bucket-cap-mb``."""
-    from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES
+    """``--grad-sync`` (the modes of :mod:`distsim.core.sync`, each explained) and ``--bucket-cap-mb``."""
+    from distsim.core.sync import DDP_BUCKET_CAP_MB, MODES
 
     modes = "; ".join(f"{name}: {mode.summary}" for name, mode in MODES.items())
     shown = "" if default is not None else " [default: bulk]"
@@ -147,9 +147,9 @@ def grad_sync_options(default: str | None = None) -> Any:
 def scale_options(f: Any) -> Any:
     """``--recompute``, ``--recompute-layers``, ``--sequence-parallel`` and ``--optimizer-sharding``: what large
     transformer runs use (activation recomputation, Megatron's sequence parallelism, a sharded optimizer), each
-    choice explained from its registry (:mod:`distsim.flow.recompute`, :mod:`distsim.flow.sync`)."""
-    from distsim.flow.recompute import MODES as RECOMPUTE
-    from distsim.flow.sync import SHARDINGS
+    choice explained from its registry (:mod:`distsim.sim.flow.recompute`, :mod:`distsim.core.sync`)."""
+    from distsim.core.sync import SHARDINGS
+    from distsim.sim.flow.recompute import MODES as RECOMPUTE
 
     recompute = "; ".join(f"{name}: {mode.summary}" for name, mode in RECOMPUTE.items())
     sharding = "; ".join(f"{name}: {s.summary}" for name, s in SHARDINGS.items())
@@ -200,7 +200,7 @@ def with_scale_options(strategy: Any, overrides: dict[str, Any]) -> Any:
 
 def load_model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any]:
     """--model and --cluster (resized by --nodes when given)."""
-    from distsim.io import load_cluster, load_model
+    from distsim.io.files import load_cluster, load_model
 
     model = load_model(kw["model_name"])
     cluster = load_cluster(kw["cluster_name"])
@@ -225,8 +225,8 @@ def allreduce_option(f: Any) -> Any:
 def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl") -> Any:
     """Analytic costs for the cluster (all-reduce algorithm by `allreduce`, a key of :data:`ALLREDUCE_CHOICES`), or a
     profile's measured costs backed by them."""
-    from distsim.costs import AnalyticCosts, ProfileCosts
-    from distsim.io import load_profile
+    from distsim.io.files import load_profile
+    from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
     costs = AnalyticCosts(cluster, tree=ALLREDUCE_CHOICES[allreduce])
     if profile_path:
@@ -241,7 +241,7 @@ def check_outputs(kw: dict[str, Any], files: dict[str, str], figures: dict[str, 
 
     Returns the option that writes to standard output ('-'), if one does: the command's own report then goes to
     stderr. Two outputs on stdout, or one with --json, are refused."""
-    from distsim.output import check_output, is_stdout
+    from distsim.io.output import check_output, is_stdout
 
     on_stdout = []
     for key, option in (*files.items(), *(figures or {}).items()):
@@ -289,7 +289,7 @@ def profile_out_name(model: str, cluster: str) -> str:
 def strategy_args(strategy: Any) -> list[str]:
     """Options of ``distsim profile`` that give `strategy` exactly: ``--strategy 1M2P1D --micro-batches 8 ...`` where
     those options can say everything, else its readable form (``--strategy 'tp=1 pp=1 dp=2 ... sync=wfbp'``)."""
-    from distsim.strategy import Strategy
+    from distsim.core.strategy import Strategy
 
     default = Strategy(strategy.tp, strategy.pp, strategy.dp, strategy.micro_batch_size, strategy.num_micro_batches,
                        strategy.schedule)  # fmt: skip
@@ -372,7 +372,7 @@ TRACE_FORMATS = "*.json: JSON, *.json.gz: gzip-compressed JSON, *.pftrace: Perfe
 def write_trace(path: str, timeline: Any, title: str, expand: bool = False, quiet: bool = False) -> None:
     """Write a Chrome/Perfetto trace (format by name), warning on stderr first if it is too big for Perfetto's UI
     and showing progress when the write takes more than a few seconds."""
-    from distsim.io import write_chrome_trace
+    from distsim.io.files import write_chrome_trace
 
     progress = Progress(0, "trace events written", enabled=not quiet, after_s=3.0)
     write_chrome_trace(path, timeline, title, expand=expand, report=lambda line: click.echo(line, err=True),
@@ -383,7 +383,7 @@ def load_plan_for(kw: dict[str, Any]) -> Any:
     """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
     import os
 
-    from distsim.io import load_plan
+    from distsim.io.files import load_plan
 
     if kw["strategy_text"]:
         raise click.UsageError("give --strategy or --plan, not both")
@@ -402,7 +402,7 @@ def parse_type_map(text: str, option: str, cast: type, canonical: bool = True, m
     """'V100:4,T4:8' -> {'V100': 4, 'T4': 8}: GPU counts (`cast` int, at least `minimum`) or rates (float, positive)
     per GPU type, the types' canonical names (`canonical`; else the names as written, labels of a trace); anything
     else is one line naming the option."""
-    from distsim.cluster import gpu_type
+    from distsim.core.cluster import gpu_type
 
     example = "V100:4,T4:8" if cast is int else "V100:10.5,T4:3.2"
     out: dict[str, Any] = {}

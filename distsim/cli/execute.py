@@ -22,9 +22,9 @@ from distsim.cli.common import (
     scale_options,
     strategy_overrides,
 )
-from distsim.errors import DistsimError
-from distsim.output import check_output
-from distsim.schedules import SCHEDULES
+from distsim.core.errors import DistsimError
+from distsim.core.schedules import SCHEDULES
+from distsim.io.output import check_output
 
 
 @cli.command()
@@ -92,11 +92,11 @@ def execute(**kw: Any) -> None:
 
         run_elastic(kw)
         return
+    from distsim.core.strategy import Strategy, check_strategy
     from distsim.executor.support import refuse_unsupported
     from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
-    from distsim.flow.events import resolve_partition
-    from distsim.launch import Emulation
-    from distsim.strategy import Strategy, check_strategy
+    from distsim.infra.launch import Emulation
+    from distsim.sim.flow.events import resolve_partition
 
     out = kw["out"]
     check_output(out, "--out", stream_ok=False)
@@ -132,7 +132,7 @@ def execute(**kw: Any) -> None:
     refuse_unsupported(model, strategy, ranges)  # recompute none|full, optimizer sharding none|zero1
     if burst is not None:
         from distsim.executor.support import refuse_unsupported_burst
-        from distsim.plan import check_plan
+        from distsim.plans.plan import check_plan
 
         check_plan(burst, model.num_layers, cluster.num_gpus)
         refuse_unsupported_burst(model, burst)
@@ -173,7 +173,7 @@ def execute(**kw: Any) -> None:
     if torchrun or emulation is None:
         worker.run(cfg)
     else:
-        from distsim.launch import launch
+        from distsim.infra.launch import launch
 
         launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
 
@@ -224,7 +224,7 @@ def refuse_unused_options(kw: dict[str, Any]) -> None:
 
 def _burst_form(plan: Any, kw: dict[str, Any]) -> dict[str, Any]:
     """The burst plan's file form for the ranks and the trace, naming the model and cluster as the run does."""
-    from distsim.plan import plan_to_dict
+    from distsim.plans.plan import plan_to_dict
 
     return {**plan_to_dict(plan), "model": portable(kw["model_name"]), "cluster": portable(kw["cluster_name"])}
 
@@ -233,8 +233,8 @@ def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any
     """A planned gradient synchronisation (mgwfbp) with its merge plan resolved from the costs (the profile, else
     analytic) before anything runs: every rank runs the same groups, and the trace's plan records them, so that
     `distsim validate` simulates these groups and not a plan of its own costs."""
-    from distsim.flow.sync import MODES
-    from distsim.flow.uniform import merge_groups
+    from distsim.core.sync import MODES
+    from distsim.sim.flow.uniform import merge_groups
 
     if not MODES[strategy.grad_sync].planned or strategy.grad_groups:
         return strategy
@@ -246,9 +246,9 @@ def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any
 def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, force: bool) -> None:
     """The memory model's verdict before anything runs: a plan (a strategy, or a burst plan) that does not fit is
     refused unless --force."""
-    from distsim.memory import burst_memory, estimate_memory
-    from distsim.plan import Plan
-    from distsim.schedules import build_schedule
+    from distsim.core.schedules import build_schedule
+    from distsim.plans.plan import Plan
+    from distsim.sim.memory import burst_memory, estimate_memory
 
     where = "pipeline rank"
     if isinstance(strategy, Plan):
@@ -278,7 +278,7 @@ def device_warning(profile_path: str, profiled_on: str | None, here: str, profil
 def _profile_device_check(kw: dict[str, Any], strategy: Any, emulation: Any, torchrun: bool) -> str | None:
     """device_warning for --profile against this machine's device (named as the profiler names it)."""
     from distsim.cli.common import profile_command, profile_out_name
-    from distsim.io import load_profile
+    from distsim.io.files import load_profile
     from distsim.profiler.compute import local_device_name
 
     profiled_on = load_profile(kw["profile_path"]).provenance.get("device")

@@ -11,15 +11,15 @@ from typing import Any
 import click
 
 from distsim.cli.common import invoked_command, need_torch, portable
-from distsim.errors import DistsimError
-from distsim.output import check_output
+from distsim.core.errors import DistsimError
+from distsim.io.output import check_output
 
 
 def run_elastic(kw: dict[str, Any]) -> None:
     """Check an elastic run's options (execute's others are refused by its USED_BY table), then run its ranks."""
     from distsim.executor.elastic import CONFIG_ENV, ElasticConfig, est_range
-    from distsim.io import load_model
-    from distsim.launch import Emulation
+    from distsim.infra.launch import Emulation
+    from distsim.io.files import load_model
 
     if not kw["model_name"]:
         raise click.UsageError("give --model (e.g. bert-cpu)")
@@ -62,7 +62,7 @@ def run_elastic(kw: dict[str, Any]) -> None:
     if torchrun or emulation is None:
         elastic.run(cfg)
     else:
-        from distsim.launch import launch
+        from distsim.infra.launch import launch
 
         launch("distsim.executor.elastic", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
 

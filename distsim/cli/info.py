@@ -9,7 +9,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import RegistryChoice, fmt_count
-from distsim.schedules import SCHEDULES
+from distsim.core.schedules import SCHEDULES
 
 
 @cli.command()
@@ -21,7 +21,7 @@ def models(as_json: bool) -> None:
     A spec resizes a zoo model: gpt2-345m:seq=128,layers=4,precision=fp32 (keys: layers, hidden, heads, seq, ffn,
     vocab, precision; T5 also dec_seq; CNNs image, classes). Your own model: a YAML/JSON file (see README).
     """
-    from distsim.models import ALIASES, ZOO, get_model
+    from distsim.core.models import ALIASES, ZOO, get_model
 
     rows = []
     for name, entry in ZOO.items():
@@ -51,7 +51,7 @@ def models(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def clusters(as_json: bool) -> None:
     """List the built-in clusters with their figures and sources."""
-    from distsim.cluster import PRESETS
+    from distsim.core.cluster import PRESETS
 
     if as_json:
         click.echo(
@@ -88,8 +88,8 @@ def clusters(as_json: bool) -> None:
 @click.option("--max-in-flight", type=click.IntRange(min=1))
 def schedule(**kw: Any) -> None:
     """Print a pipeline schedule's action lists and its step x rank grid (unit-time F and B)."""
-    from distsim.schedules import build_schedule, format_grid
-    from distsim.strategy import Strategy
+    from distsim.core.schedules import build_schedule, format_grid
+    from distsim.core.strategy import Strategy
 
     strategy = Strategy(
         pp=kw["pp"],

@@ -24,9 +24,9 @@ from distsim.cli.common import (
     strategy_overrides,
     with_scale_options,
 )
-from distsim.errors import DistsimError
-from distsim.output import check_output
-from distsim.schedules import SCHEDULES
+from distsim.core.errors import DistsimError
+from distsim.core.schedules import SCHEDULES
+from distsim.io.output import check_output
 
 
 @cli.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,14 +116,14 @@ def profile(ctx: click.Context, **kw: Any) -> None:
         profile_torch_model(kw)
         return
 
-    from distsim.costs import AnalyticCosts
-    from distsim.discovery import discover
-    from distsim.io import load_profile
-    from distsim.launch import Emulation
-    from distsim.plan import plan_to_dict
+    from distsim.core.strategy import Strategy
+    from distsim.infra.launch import Emulation
+    from distsim.io.files import load_profile
+    from distsim.plans.plan import plan_to_dict
     from distsim.profiler.worker import CONFIG_ENV, ProfileConfig, check_extension
+    from distsim.search.discovery import discover
     from distsim.search.space import cluster_for, enumerate_strategies
-    from distsim.strategy import Strategy
+    from distsim.sim.costs import AnalyticCosts
 
     plans = _load_plans(kw)
     if not kw["model_name"] or not kw["cluster_name"]:
@@ -136,7 +136,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     strategies += [p.strategy for p in plans if p.strategy is not None]
     plans = [p for p in plans if p.strategy is None]
     if plans:
-        from distsim.plan import check_plan
+        from distsim.plans.plan import check_plan
 
         for path, plan in zip(kw["plan_paths"], plans, strict=True):
             try:
@@ -198,7 +198,7 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     if emulation is None:
         worker.run(cfg)  # one process: compute events only
     else:
-        from distsim.launch import launch
+        from distsim.infra.launch import launch
 
         launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")
     db = load_profile(out)
@@ -233,9 +233,9 @@ def _profile_cost_report(found: Any, db: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole database.")
 def profile_show(path: str, as_json: bool) -> None:
     """Summarise a profile database: provenance, compute events, communication fits."""
-    from distsim.io import load_profile
-    from distsim.machine_load import describe_load
-    from distsim.self_check import describe as describe_self_check
+    from distsim.infra.machine_load import describe_load
+    from distsim.infra.self_check import describe as describe_self_check
+    from distsim.io.files import load_profile
 
     db = load_profile(path)
     if as_json:

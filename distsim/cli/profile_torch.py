@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from distsim.cli.common import invoked_command, need_torch, parse_bytes, portable, strategy_overrides
-from distsim.errors import DistsimError
-from distsim.output import check_output
+from distsim.core.errors import DistsimError
+from distsim.io.output import check_output
 
 
 def portable_spec(spec: str) -> str:
@@ -26,11 +26,11 @@ def portable_spec(spec: str) -> str:
 
 
 def profile_torch_model(kw: dict[str, Any]) -> None:
-    from distsim.io import load_cluster, load_profile
-    from distsim.launch import Emulation
-    from distsim.models import model_from_dict
+    from distsim.core.models import model_from_dict
+    from distsim.core.strategy import Strategy
+    from distsim.infra.launch import Emulation
+    from distsim.io.files import load_cluster, load_profile
     from distsim.profiler.worker import CONFIG_ENV, ProfileConfig
-    from distsim.strategy import Strategy
 
     if kw["model_name"]:
         raise click.UsageError("give --model or --torch-model, not both")
@@ -78,8 +78,8 @@ def profile_torch_model(kw: dict[str, Any]) -> None:
         mbs = traced.micro_batch_size
     strategies = [Strategy.from_str(s, **{**overrides, "micro_batch_size": mbs}) for s in kw["strategies"]]
     if strategies and traced is not None and cluster is not None:
-        from distsim.costs import AnalyticCosts
-        from distsim.discovery import discover
+        from distsim.search.discovery import discover
+        from distsim.sim.costs import AnalyticCosts
 
         model = model_from_dict(traced.model_dict(), where=kw["torch_model"])
         click.echo(discover(model, cluster, strategies, AnalyticCosts(cluster)).report(), err=True)
@@ -101,7 +101,7 @@ def profile_torch_model(kw: dict[str, Any]) -> None:
     elif emulation is None:
         worker.run(cfg, traced)  # one process: compute events only
     else:
-        from distsim.launch import launch
+        from distsim.infra.launch import launch
 
         del traced  # rank 0's process traces it again on its own device
         launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")

@@ -15,7 +15,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import load_model_and_cluster, parse_int_list
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
@@ -24,7 +24,7 @@ def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
 
 def check_directory(path: str | None, option: str) -> None:
     """Fail before a long search, not after it, when an output directory cannot be created or written."""
-    from distsim.output import check_output
+    from distsim.io.output import check_output
 
     if not path:
         return

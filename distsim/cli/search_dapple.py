@@ -10,7 +10,7 @@ import click
 
 from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs, write_trace
 from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 def _policies(text: str) -> tuple[str, ...]:
@@ -66,9 +66,9 @@ def dapple(**kw: Any) -> None:
     The same on 16 single-GPU machines (config B), only Fresh First placement:
       distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
     """
-    from distsim.io import write_figure, write_plan
+    from distsim.io.files import write_figure, write_plan
+    from distsim.plans.simulate import DEFAULT_MAX_TASKS, simulate
     from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple, shortlist
-    from distsim.simulate import DEFAULT_MAX_TASKS, simulate
 
     stdout_taken = check_outputs(kw, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
     model, cluster, gpus = model_and_gpus(kw)
@@ -114,7 +114,7 @@ def dapple(**kw: Any) -> None:
                 write_trace(kw["trace_path"], r.timeline, title, quiet=quiet)
                 written.append(kw["trace_path"])
             if kw["plot_path"]:
-                from distsim.plots import gantt
+                from distsim.io.plots import gantt
 
                 ax = gantt(r.timeline, title=f"{title}: {r.iteration_time_s * 1e3:.1f} ms")
                 write_figure(kw["plot_path"], ax.figure)
@@ -147,7 +147,7 @@ def dapple(**kw: Any) -> None:
 def _dapple_report(result: Any, checked: list[Any], chosen: Any, choose: str) -> str:
     import pandas as pd
 
-    from distsim.plan import format_devices
+    from distsim.plans.plan import format_devices
 
     c, spec, model = result.cluster, result.spec, result.model
     lines = [

@@ -63,7 +63,7 @@ def deeppool(**kw: Any) -> None:
       distsim search deeppool --model vgg16 --cluster dgx-a100 --nodes 1 --global-batch 32 \\
           --background vgg16 --background-batch 4
     """
-    from distsim.io import write_plan
+    from distsim.io.files import write_plan
     from distsim.search.deeppool import plan_deeppool
     from distsim.search.space import cluster_for
 
@@ -81,7 +81,7 @@ def deeppool(**kw: Any) -> None:
     simulated = simulate_plans(result, costs, place) if kw["simulate"] else {}
     collocated = None
     if background is not None:  # before the plan is written: a background that cannot run is refused first
-        from distsim.flow.events import FlowOptions
+        from distsim.sim.flow.events import FlowOptions
 
         collocated = collocate_from_options(kw, background, model, cluster, result.plan("best", **place), costs,
                                             FlowOptions(), None)  # fmt: skip
@@ -111,7 +111,7 @@ def deeppool(**kw: Any) -> None:
 def simulate_plans(result: Any, costs: Any, place: dict[str, str]) -> dict[str, float]:
     """The simulated iteration of the burst plan (``best``) and of plain data parallelism (``dp``), each when its
     flow is within the simulator's task limit."""
-    from distsim.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
+    from distsim.plans.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
 
     out = {}
     for which in ("best", "dp"):

@@ -11,7 +11,7 @@ import click
 
 from distsim.cli.common import parse_type_map
 from distsim.cli.search import search
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 @search.command()
@@ -50,7 +50,7 @@ def elastic(**kw: Any) -> None:
     """
     from distsim.elastic.capability import Capability, measure
     from distsim.elastic.planner import cut_plans, enumerate_plans
-    from distsim.io import load_model
+    from distsim.io.files import load_model
 
     if kw["max_workers"] < 1:
         raise DistsimError(f"--max-workers (maxP) must be >= 1, got {kw['max_workers']}")

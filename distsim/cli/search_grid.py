@@ -21,9 +21,9 @@ from distsim.cli.common import (
     write_trace,
 )
 from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
-from distsim.errors import DistsimError
-from distsim.flow.sync import DDP_BUCKET_CAP_MB
-from distsim.strategy import RECOMPUTE_MODES, SHARDING_MODES
+from distsim.core.errors import DistsimError
+from distsim.core.strategy import RECOMPUTE_MODES, SHARDING_MODES
+from distsim.core.sync import DDP_BUCKET_CAP_MB
 
 
 @search.command()
@@ -72,7 +72,7 @@ def grid(**kw: Any) -> None:
       distsim search grid --model gpt3-175b --cluster dgx-a100 --global-batch 1536 --tp 1,2,4,8 \\
           --micro-batch-sizes 1,2,4,8 --schedules gpipe,1f1b,interleaved
     """
-    from distsim.io import write_csv, write_figure
+    from distsim.io.files import write_csv, write_figure
     from distsim.search.grid import GridSpec, grid_search
     from distsim.search.space import cluster_for
 
@@ -82,7 +82,7 @@ def grid(**kw: Any) -> None:
     cluster = cluster_for(cluster, gpus)
     sizes = tuple(opt_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes") or (1,))
     if model.micro_batch_size is not None:  # a profiled torch module: its example batch is the micro-batch
-        from distsim.io import is_model_profile
+        from distsim.io.files import is_model_profile
 
         sizes = (model.micro_batch_size,) if sizes == (1,) else sizes
         if not kw["profile_path"] and is_model_profile(kw["model_name"]):
@@ -115,7 +115,7 @@ def grid(**kw: Any) -> None:
     if kw["csv_path"]:
         write_csv(kw["csv_path"], table)
     if kw["plot_path"]:
-        from distsim.plots import search_bars
+        from distsim.io.plots import search_bars
 
         ax = search_bars(
             table, title=f"{model.name} on {gpus} GPUs of {cluster.name}, global batch {spec.global_batch}"
@@ -194,8 +194,8 @@ def _format_table(df: Any) -> Any:
 
 
 def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str, Any]) -> str:
-    from distsim.io import write_plan
-    from distsim.plan import plan_from_strategy
+    from distsim.io.files import write_plan
+    from distsim.plans.plan import plan_from_strategy
 
     plan = plan_from_strategy(
         point.strategy, kw["model_name"], kw["cluster_name"], nodes=result.cluster.nodes,
@@ -210,9 +210,9 @@ def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) ->
     """Re-simulate the best configurations and write each one's trace, Gantt chart and plan. If a write fails,
     what this run created is removed again (the files it wrote new, and the directory if it made it); a file it
     replaced keeps its new content."""
-    from distsim.io import write_figure
-    from distsim.plots import gantt
-    from distsim.simulate import simulate
+    from distsim.io.files import write_figure
+    from distsim.io.plots import gantt
+    from distsim.plans.simulate import simulate
 
     directory = Path(kw["trace_dir"])
     made = [d for d in (directory, *directory.parents) if not d.exists()]  # the deepest first

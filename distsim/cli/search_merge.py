@@ -17,8 +17,8 @@ from distsim.cli.common import (
     parse_int_list,
 )
 from distsim.cli.search import search
-from distsim.errors import DistsimError
-from distsim.flow.sync import DDP_BUCKET_CAP_MB
+from distsim.core.errors import DistsimError
+from distsim.core.sync import DDP_BUCKET_CAP_MB
 
 MB = 1e6
 
@@ -29,7 +29,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def _modes_text() -> str:
-    from distsim.flow.sync import MODES
+    from distsim.core.sync import MODES
 
     return ",".join(MODES)
 
@@ -143,7 +143,7 @@ def merge(**kw: Any) -> None:
 
 def _strategy(kw: dict[str, Any], model: Any, cluster: Any) -> Any:
     """--strategy with --micro-batches / --micro-batch-size / --bucket-cap-mb; default pure data parallelism."""
-    from distsim.strategy import Strategy
+    from distsim.core.strategy import Strategy
 
     overrides: dict[str, Any] = {}
     for opt, field_name in (("micro_batches", "num_micro_batches"), ("micro_batch_size", "micro_batch_size"),
@@ -151,7 +151,7 @@ def _strategy(kw: dict[str, Any], model: Any, cluster: Any) -> Any:
         if kw[opt] is not None:
             overrides[field_name] = kw[opt]
     if model.micro_batch_size is not None:  # a profiled torch module: its example batch is the micro-batch
-        from distsim.io import is_model_profile
+        from distsim.io.files import is_model_profile
 
         overrides.setdefault("micro_batch_size", model.micro_batch_size)
         if not kw["profile_path"] and is_model_profile(kw["model_name"]):
@@ -164,8 +164,8 @@ def _costs_for(kw: dict[str, Any]) -> Callable[[Any], Any]:
     """Costs for any size of the cluster (a sweep resizes it): analytic costs with the --allreduce algorithm, under
     the profile's measurements when --profile is given (the file is read once)."""
     from distsim.cli.common import ALLREDUCE_CHOICES
-    from distsim.costs import AnalyticCosts, ProfileCosts
-    from distsim.io import load_profile
+    from distsim.io.files import load_profile
+    from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
     tree = ALLREDUCE_CHOICES[kw["allreduce"]]
     if not kw["profile_path"]:
@@ -177,8 +177,8 @@ def _costs_for(kw: dict[str, Any]) -> Callable[[Any], Any]:
 
 
 def _write_outputs(kw: dict[str, Any], comparison: Any, sweep: Any) -> list[str]:
-    from distsim.io import write_csv, write_figure, write_plan
-    from distsim.plan import plan_from_strategy
+    from distsim.io.files import write_csv, write_figure, write_plan
+    from distsim.plans.plan import plan_from_strategy
 
     written = []
     if kw["plan_out"]:
@@ -194,7 +194,7 @@ def _write_outputs(kw: dict[str, Any], comparison: Any, sweep: Any) -> list[str]
         write_csv(kw["csv_path"], sweep.table() if sweep is not None else comparison.table())
         written.append(kw["csv_path"])
     if kw["plot_path"] and sweep is not None:
-        from distsim.plots import speedup_curves
+        from distsim.io.plots import speedup_curves
 
         algorithm = "ring all-reduce" if kw["allreduce"] == "ring" else "NCCL's ring or tree"
         title = (f"{sweep.model.name}, {sweep.micro_batch_size} samples per GPU, on {sweep.cluster.name} nodes "

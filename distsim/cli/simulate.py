@@ -26,9 +26,9 @@ from distsim.cli.common import (
     strategy_overrides,
     write_trace,
 )
-from distsim.errors import DistsimError
-from distsim.schedules import SCHEDULES
-from distsim.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
+from distsim.core.errors import DistsimError
+from distsim.core.schedules import SCHEDULES
+from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 
 
 @cli.command()
@@ -197,10 +197,10 @@ def simulate(**kw: Any) -> None:
       distsim simulate --plan burst.plan.yaml --background resnet50 --background-batch 8
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
-    from distsim.costs import ProfileCosts
-    from distsim.flow.events import FlowOptions
-    from distsim.simulate import simulate as run_simulation
-    from distsim.strategy import Strategy
+    from distsim.core.strategy import Strategy
+    from distsim.plans.simulate import simulate as run_simulation
+    from distsim.sim.costs import ProfileCosts
+    from distsim.sim.flow.events import FlowOptions
 
     stdout_taken = check_outputs(kw, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
     plan = None
@@ -214,7 +214,7 @@ def simulate(**kw: Any) -> None:
     background = check_background(kw)
     if kw["straggler"]:
         cluster = cluster.with_slowdown(parse_stragglers(kw["straggler"]))
-    from distsim.io import is_model_profile
+    from distsim.io.files import is_model_profile
 
     if not kw["profile_path"] and is_model_profile(kw["model_name"]):
         kw["profile_path"] = kw["model_name"]  # a torch module's profile: its measured events go with its graph
@@ -270,7 +270,7 @@ def simulate(**kw: Any) -> None:
     if collocated is not None:
         click.echo("\n" + format_report(collocated), err=report)
     if kw["show_schedule"]:
-        from distsim.schedules import format_grid
+        from distsim.core.schedules import format_grid
 
         grid = format_grid(result.flow.schedule)
         click.echo("\nschedule (unit time, F and B one step each):\n" + grid, err=report)
@@ -293,7 +293,7 @@ def _announce(size: tuple[int, int], max_tasks: int) -> Progress | None:
 
 
 def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
-    from distsim.io import write_figure, write_timeline_csv
+    from distsim.io.files import write_figure, write_timeline_csv
 
     if not (kw["trace_path"] or kw["csv_path"] or kw["plot_path"]):
         return
@@ -303,7 +303,7 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
     if kw["csv_path"]:
         write_timeline_csv(kw["csv_path"], result.timeline, expand=kw["all_gpus"])
     if kw["plot_path"]:
-        from distsim.plots import gantt
+        from distsim.io.plots import gantt
 
         ax = gantt(result.timeline, title=f"{title}: {fmt_time(result.iteration_time_s)} per iteration")
         write_figure(kw["plot_path"], ax.figure)
@@ -311,8 +311,8 @@ def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
 
 def _load_note(provenance: dict[str, Any]) -> str:
     """A line when the profile recorded that the machine was loaded while it was measured ('' if not)."""
-    from distsim.machine_load import recorded_warnings
-    from distsim.self_check import bias_warning
+    from distsim.infra.machine_load import recorded_warnings
+    from distsim.infra.self_check import bias_warning
 
     found = recorded_warnings(provenance)
     bias = bias_warning(provenance)
@@ -386,7 +386,7 @@ def _summary(r: Any) -> str:
         if len(missing) > 6:
             lines.append(f"                       ... and {len(missing) - 6} more (--json lists all)")
     if burst:
-        from distsim.burst_form import describe_layouts
+        from distsim.plans.burst_form import describe_layouts
 
         lines.append("  GPUs per layer     " + describe_layouts(r.plan.burst))
     else:

@@ -9,21 +9,21 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import check_outputs
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any, list[str]]:
     """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace; also
     the load warnings the profile recorded while it was measured."""
-    from distsim.costs import AnalyticCosts, ProfileCosts
-    from distsim.errors import ProfileError
-    from distsim.flow.events import FlowOptions
-    from distsim.io import load_cluster, load_model, load_profile, load_trace
-    from distsim.machine_load import recorded_warnings
-    from distsim.simulate import simulate
-    from distsim.strategy import Strategy
-    from distsim.trace import TraceError
-    from distsim.validate import validate_timelines
+    from distsim.core.errors import ProfileError
+    from distsim.core.strategy import Strategy
+    from distsim.infra.machine_load import recorded_warnings
+    from distsim.io.files import load_cluster, load_model, load_profile, load_trace
+    from distsim.io.trace import TraceError
+    from distsim.plans.simulate import simulate
+    from distsim.sim.costs import AnalyticCosts, ProfileCosts
+    from distsim.sim.flow.events import FlowOptions
+    from distsim.sim.validate import validate_timelines
 
     trace = load_trace(path)
     plan = trace.plan
@@ -33,7 +33,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy: Any = Strategy.from_str(plan["strategy"])
     if plan.get("burst"):  # a burst plan ran: simulate it (its strategy is only its one-stage view)
-        from distsim.plan import plan_from_dict
+        from distsim.plans.plan import plan_from_dict
 
         strategy = plan_from_dict(plan["burst"], f"{path}: plan burst")
     costs: Any = AnalyticCosts(cluster)
@@ -71,8 +71,8 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
     import shlex
 
     from distsim.cli.common import profile_command, profile_out_name
-    from distsim.io import load_cluster
-    from distsim.strategy import Strategy
+    from distsim.core.strategy import Strategy
+    from distsim.io.files import load_cluster
 
     preset = load_cluster(plan["cluster"])
     nodes = int(plan["nodes"])
@@ -81,7 +81,7 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
     burst = "PLAN.yaml" if plan.get("burst") else None  # the trace's plan.burst, written to a file
     world = strategy.num_gpus
     if burst:
-        from distsim.plan import plan_from_dict
+        from distsim.plans.plan import plan_from_dict
 
         world = plan_from_dict(plan["burst"], f"{path}: plan burst").num_gpus
     command = profile_command(plan["model"], plan["cluster"], strategy, out,
@@ -131,8 +131,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     if trace_path:
         trace, result, val, load_warnings = _validate_one(trace_path, profile_path, samples)
         if plot_path:
-            from distsim.io import write_figure
-            from distsim.plots import compare_gantt
+            from distsim.io.files import write_figure
+            from distsim.io.plots import compare_gantt
 
             median = trace.timeline(trace.median_index(), result.cluster.gpus_per_node)
             title = f"{result.model.name} {_described(result)} on {result.cluster.name}"
@@ -185,7 +185,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
 
     import pandas as pd
 
-    from distsim.strategy import Strategy
+    from distsim.core.strategy import Strategy
 
     if not os.path.isdir(directory):
         shipped = " (the shipped traces are the repository's traces/: run from its root or give its path)"
@@ -218,7 +218,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         })  # fmt: skip
     table = pd.DataFrame(rows)
     if csv_path:
-        from distsim.io import write_csv
+        from distsim.io.files import write_csv
 
         write_csv(csv_path, table)
     batch = [abs(x) for x in table["batch_err_%"]]

@@ -2,7 +2,7 @@
 
 C_i is the mini-batches per second one GPU of type i runs for this job: here 1 / (the simulated iteration of a
 single-GPU job of the model at its micro-batch size on that GPU), as ``distsim simulate --strategy 1M1P1D`` on a
-one-GPU cluster (:func:`distsim.collocate.background_iteration`). That iteration includes the optimizer step,
+one-GPU cluster (:func:`distsim.search.collocate.background_iteration`). That iteration includes the optimizer step,
 which EasyScale runs once per global step rather than once per EST mini-batch, so C_i is slightly low for jobs
 whose update is a large share of a mini-batch. EasyScale itself fills its database from measured throughput.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from distsim.cluster import GPU, PCIE4, Cluster, Link, gpu_type
-from distsim.costs import AnalyticCosts, CostSource
-from distsim.models.graph import Model
+from distsim.core.cluster import GPU, PCIE4, Cluster, Link, gpu_type
+from distsim.core.models.graph import Model
+from distsim.sim.costs import AnalyticCosts, CostSource
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Capability:
 def single_gpu_cluster(gpu: GPU | Cluster | str) -> Cluster:
     """One GPU alone (a type name such as 'T4', a GPU, or a cluster whose GPU it takes); its links are never used."""
     if isinstance(gpu, Cluster):
-        from distsim.collocate import one_gpu
+        from distsim.search.collocate import one_gpu
 
         return one_gpu(gpu)
     if isinstance(gpu, str):
@@ -56,7 +56,7 @@ def measure(model: Model, gpu: GPU | Cluster | str, micro_batch_size: int,
             costs: CostSource | None = None) -> Capability:  # fmt: skip
     """The capability of one GPU (a type name, a GPU or a cluster's GPU) for `model` at `micro_batch_size` samples
     per mini-batch, simulated with `costs` (default: the analytic model of that GPU)."""
-    from distsim.collocate import background_iteration
+    from distsim.search.collocate import background_iteration
 
     cluster = single_gpu_cluster(gpu)
     costs = costs if costs is not None else AnalyticCosts(cluster)

@@ -16,9 +16,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from distsim.core.errors import DistsimError, suggest
 from distsim.elastic.jobs import Job, TraceError, too_many_jobs
 from distsim.elastic.scheduler import ESTIMATES, SCHEDULERS, Estimate, Grant, Scheduler
-from distsim.errors import DistsimError, suggest
 
 Capability = Callable[[Job], Mapping[str, float]]
 Progress = Callable[[int, int], None]

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any
 
-from distsim.checks import integer
-from distsim.cluster import MAX_GPUS
-from distsim.errors import DistsimError
+from distsim.core.checks import integer
+from distsim.core.cluster import MAX_GPUS
+from distsim.core.errors import DistsimError
 
 MAX_TRACE_S = 1e9
 """Largest arrival or runtime a trace may give, in seconds (about 32 years). Beyond some 10^7 s the simulator's

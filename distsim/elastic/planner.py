@@ -37,7 +37,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 #: The paper's normalised-waste cut: proposals wasting more than this share of their GPUs' capability are dropped.
 WASTE_CUT = 0.30

@@ -51,9 +51,9 @@ def generate(jobs: int, seed: int = 0, mean_gap_s: float = 20.0, median_s: float
 
 
 def main(argv: list[str] | None = None) -> None:
+    from distsim.core.errors import DistsimError
     from distsim.elastic.jobs import write_csv
-    from distsim.errors import DistsimError
-    from distsim.output import check_output, open_output
+    from distsim.io.output import check_output, open_output
 
     ap = argparse.ArgumentParser(description="Write a synthetic cluster trace (see the module docstring).")
     ap.add_argument("--jobs", type=int, default=150)

@@ -1,12 +1,14 @@
 """Executing a burst plan (DeepPool) on one rank: every layer data-parallel over its own ranks, the batch
-re-distributed between their layouts, events named as :mod:`distsim.flow.burst` names them.
+re-distributed between their layouts, events named as :mod:`distsim.plans.burst_flow` names them.
 
 Rank r is GPU r of the plan (its GPUs are 0..N-1: :func:`distsim.executor.support.refuse_unsupported_burst`). It
 builds only the blocks of the layers it runs and trains one batch of B samples per iteration:
 
 * **forward**, layers in model order: a rank that runs layer v holds its shard of the batch
-  (:func:`distsim.burst.shards`) and reads the outputs of v's producers on that shard. Where a producer ran on another
-  layout its output is re-distributed first (:func:`distsim.burst.pieces`): each piece of the batch that changes rank
+  (:func:`distsim.plans.redistribution.shards`) and reads the outputs of v's producers on that shard. Where a producer
+  ran on another
+  layout its output is re-distributed first (:func:`distsim.plans.redistribution.pieces`): each piece of the batch
+  that changes rank
   goes by a point-to-point ``isend``/``irecv`` pair (gloo runs these reliably; all-to-all would need every rank of a
   group), once per producer and consumer layout, recorded on the ``p2p`` stream as the simulator's transfer
   ``act NAME G->G' GPUs`` on every rank that moves samples (see :meth:`BurstRuntime._move` for the row's span).
@@ -17,7 +19,7 @@ builds only the blocks of the layers it runs and trains one batch of B samples p
   backward from it. With the n/B weights a rank's parameter gradients are its shard's part of the batch gradient, so
   a layer's gradient is the SUM over its ranks: each layer's gradients (one slice of the rank's gradient buffer) are
   all-reduced over the layer's own ranks, ``bulk`` after the whole backward in reverse layer order, or ``wfbp`` right
-  after that layer's backward, asynchronously (:mod:`distsim.flow.burst`'s ``grads NAME``).
+  after that layer's backward, asynchronously (:mod:`distsim.plans.burst_flow`'s ``grads NAME``).
 * a tied pair (an LM head sharing the embedding's matrix) on the same ranks shares one parameter, synchronised with
   the embedding; on different ranks each keeps a copy, and after the layers' all-reduces (every rank of a layer then
   holds its copy's full gradient g) the copies are all-reduced over both layers' ranks, each rank contributing
@@ -39,14 +41,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distsim.burst import pieces, shards
+from distsim.core.models.graph import Model
 from distsim.executor import data
 from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters, vocab_weight
 from distsim.executor.recorder import Meta, Recorder
 from distsim.executor.runtime import Runtime, _Adam, _Segment
-from distsim.models.graph import Model
-from distsim.plan import Plan
+from distsim.plans.plan import Plan
+from distsim.plans.redistribution import pieces, shards
 from distsim.profiler.tp_comm import TPComm
 
 Layout = tuple[int, ...]
@@ -54,7 +56,7 @@ Layout = tuple[int, ...]
 
 def tied_copies(model: Model, plan: Plan) -> list[tuple[int, int]]:
     """(layer, the layer it is tied to) of each tied pair on different layouts: each keeps its own copy of the shared
-    matrix (the simulator's tied pairs, :mod:`distsim.flow.burst`)."""
+    matrix (the simulator's tied pairs, :mod:`distsim.plans.burst_flow`)."""
     layouts = plan.burst
     out = []
     for i, layer in enumerate(model.layers):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from distsim.core.models.graph import Block
 from distsim.executor.model import seeded
-from distsim.models.graph import Block
 
 
 def sample(block: Block, seed: int, iteration: int, li: int, bi: int, index: int, dtype: torch.dtype) -> list[Tensor]:

@@ -45,10 +45,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 from distsim.executor.model import seeded
 from distsim.executor.runtime import Runtime
-from distsim.launch import WorkerConfig, stop_if_orphaned, worker_main
+from distsim.infra.launch import WorkerConfig, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_ELASTIC_CONFIG"
 CHECKPOINT_FORMAT = "distsim-elastic-checkpoint/2"
@@ -102,10 +102,10 @@ def memory_needed(params: int, max_workers: int, world: int, activation_bytes: f
 
 
 def activation_bytes(model: Any, micro_batch_size: int) -> float:
-    """The activations one EST's mini-batch keeps for its backward, by the memory model (distsim.memory: 197,632
+    """The activations one EST's mini-batch keeps for its backward, by the memory model (distsim.sim.memory: 197,632
     bytes a sample for the small BERT of the tests, hidden 64, 2 layers, sequence 16; measured on a 2-core AMD EPYC,
     peak resident memory over mini-batches of 2,000 and 8,000 samples: 196,900 bytes a sample)."""
-    from distsim.memory import layer_activations
+    from distsim.sim.memory import layer_activations
 
     return micro_batch_size * sum(layer_activations(model, i, 1, False, "none").stored for i in range(model.num_layers))
 
@@ -145,12 +145,12 @@ class ElasticTrainer:
 
     def __init__(self, model: Any, max_workers: int, rank: int, world: int, micro_batch_size: int = 1,
                  seed: int = 0, lr: float = 1e-4, naive: bool = False, mask_tokens: float = 0.0) -> None:  # fmt: skip
-        from distsim.cluster import get_cluster
-        from distsim.partition import ranges
-        from distsim.placement import Placement
+        from distsim.core.cluster import get_cluster
+        from distsim.core.partition import ranges
+        from distsim.core.placement import Placement
+        from distsim.core.schedules import build_schedule
+        from distsim.core.strategy import Strategy
         from distsim.profiler.blocks import torch_dtype
-        from distsim.schedules import build_schedule
-        from distsim.strategy import Strategy
 
         if model.precision.name != "fp32":
             raise DistsimError(f"elastic execution trains fp32 models on the CPU; {model.name} is "
@@ -368,7 +368,7 @@ def run(cfg: ElasticConfig) -> None:
     """One rank of an elastic run (alone, under `distsim execute --elastic --emulate-nodes`, or torchrun)."""
     import datetime as dt
 
-    from distsim.io import load_model
+    from distsim.io.files import load_model
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     deterministic(1)

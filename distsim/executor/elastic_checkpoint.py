@@ -16,7 +16,7 @@ run that resumes (model, parameters, hyper-parameters), the payload's SHA-256; o
 ``torch.load(weights_only=True)`` (tensors and plain containers, never arbitrary pickles), and it must agree with
 the header. Every refusal is one line, ``cannot resume PATH: PROBLEM``.
 
-Writing (:func:`write_checkpoint`) goes through :func:`distsim.output.open_output`: a temporary file in the target's
+Writing (:func:`write_checkpoint`) goes through :func:`distsim.io.output.open_output`: a temporary file in the target's
 directory renamed over the target only when complete, removed on any error (a full disk is one line) and on SIGINT,
 SIGTERM or SIGHUP arriving while it is written. The payload is streamed (hashed on its way to the file) and the
 header, whose payload fields have fixed widths, is written again over its placeholder once the payload is known.
@@ -32,9 +32,9 @@ import signal
 from collections.abc import Mapping
 from typing import IO, Any
 
-from distsim.errors import DistsimError
-from distsim.launch import raising_on_signals
-from distsim.output import open_output
+from distsim.core.errors import DistsimError
+from distsim.infra.launch import raising_on_signals
+from distsim.io.output import open_output
 
 MAGIC = b"distsim-elastic-checkpoint\n"
 FORMAT = 2
@@ -141,7 +141,8 @@ def _interruption(exc: BaseException | None) -> BaseException | None:
 
 
 def save_atomically(obj: Any, path: str) -> None:
-    """torch.save `obj` at `path` atomically (:func:`distsim.output.open_output`): all of it or nothing, the temporary
+    """torch.save `obj` at `path` atomically (:func:`distsim.io.output.open_output`): all of it or nothing, the
+    temporary
     file removed on any error or signal; a full disk is an OutputError (one line)."""
     with raising_on_signals(signal.SIGTERM, signal.SIGHUP), open_output(path, binary=True) as fh:
         torch_save(obj, fh)

@@ -14,7 +14,7 @@ import hashlib
 import torch
 from torch import nn
 
-from distsim.models.graph import Model
+from distsim.core.models.graph import Model
 from distsim.profiler.blocks import BlockModule, build_block, shard_state_from_full
 from distsim.profiler.tp_comm import TPComm
 

@@ -1,7 +1,7 @@
 """Full activation recomputation on one executor rank (Megatron-LM's ``--recompute-granularity full``).
 
-The layers it covers are the simulator's (:func:`distsim.flow.recompute.recomputed_layers`, from
-:func:`~distsim.flow.recompute.eligible_layers`: the one rule). A covered layer's forward runs under
+The layers it covers are the simulator's (:func:`distsim.sim.flow.recompute.recomputed_layers`, from
+:func:`~distsim.sim.flow.recompute.eligible_layers`: the one rule). A covered layer's forward runs under
 ``torch.no_grad()``: it keeps only the layer's inputs (the activations it reads and its training data) in a
 :class:`Checkpoint`, and the leaf its consumers hold. Right before the layer's backward, the backward action runs the
 layer's blocks again with autograd, each recorded as an event of kind ``recompute`` with the block's name on the
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from distsim.flow.recompute import recomputed_layers
-from distsim.models.graph import Model
-from distsim.strategy import Strategy
+from distsim.core.models.graph import Model
+from distsim.core.strategy import Strategy
+from distsim.sim.flow.recompute import recomputed_layers
 
 
 @dataclass

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from distsim.cluster import Cluster
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Model
+from distsim.core.partition import ranges
+from distsim.core.placement import Placement
+from distsim.core.schedules import build_schedule
+from distsim.core.strategy import Strategy
 from distsim.executor.runtime import Runtime
-from distsim.models.graph import Model
-from distsim.partition import ranges
-from distsim.placement import Placement
 from distsim.profiler.blocks import torch_dtype
-from distsim.schedules import build_schedule
-from distsim.strategy import Strategy
 
 
 def reference_step(model: Model, cluster: Cluster, strategy: Strategy, seed: int = 0) -> dict[str, Any]:

@@ -14,9 +14,9 @@ produced it runs backward. This mirrors the simulator's event flow:
 * after the last action: the buckets that wait for the whole backward (bulk's one), the all-reduce of tied embedding
   copies between the first and last stage, and the optimizer step (with ZeRO-1 the parameter all-gathers after it).
 
-The buckets are the simulator's: the rank describes its gradients to :mod:`distsim.flow.sync` (bytes of each parameter
+The buckets are the simulator's: the rank describes its gradients to :mod:`distsim.core.sync` (bytes of each parameter
 tensor per layer, from its own parameters) and lowers the strategy's ``grad_sync`` and ``optimizer_sharding`` with
-it, so a trace's data-parallel rows have the simulator's names and count (:func:`distsim.flow.comm.bucket_names`).
+it, so a trace's data-parallel rows have the simulator's names and count (:func:`distsim.sim.flow.comm.bucket_names`).
 Each bucket is one slice of the rank's contiguous gradient buffer; under ZeRO-1 it is reduce-scattered instead
 (:mod:`distsim.executor.zero`). What the executor refuses to run is decided by :mod:`distsim.executor.support`.
 
@@ -39,7 +39,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.partition import rank_layers
+from distsim.core.placement import Placement
+from distsim.core.schedules import Schedule
+from distsim.core.strategy import Strategy
+from distsim.core.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.executor import data
 from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters
@@ -47,14 +53,8 @@ from distsim.executor.recompute import Checkpoint, rank_recomputed
 from distsim.executor.recorder import Meta, Recorder, RecordingComm
 from distsim.executor.support import refuse_unsupported
 from distsim.executor.zero import Zero1
-from distsim.flow.comm import bucket_names, gather_name
-from distsim.flow.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
-from distsim.models.graph import Model
-from distsim.partition import rank_layers
-from distsim.placement import Placement
 from distsim.profiler.tp_comm import TPComm
-from distsim.schedules import Schedule
-from distsim.strategy import Strategy
+from distsim.sim.flow.comm import bucket_names, gather_name
 
 
 @dataclass
@@ -72,7 +72,7 @@ class _Segment:
 
 @dataclass(frozen=True)
 class GradBucket:
-    """One gradient all-reduce of this rank: a :class:`~distsim.flow.sync.Bucket`, the slice of the gradient buffer
+    """One gradient all-reduce of this rank: a :class:`~distsim.core.sync.Bucket`, the slice of the gradient buffer
     it covers, and its event name."""
 
     bucket: Bucket
@@ -157,7 +157,7 @@ class Runtime:
         parameter's .grad is a view into it. Returns the buffer and (layer, tensor index) -> [start, stop) elements.
 
         Autograd accumulates into the views, so every bucket's all-reduce and the tied-embedding all-reduce run in
-        place without copies, as with Megatron-LM's contiguous grad buffer. A bucket of :mod:`distsim.flow.sync` is a
+        place without copies, as with Megatron-LM's contiguous grad buffer. A bucket of :mod:`distsim.core.sync` is a
         run of consecutive tensors in reverse of this order (layers last first, a layer's tensors last first), so it
         is one slice of the buffer (:meth:`_buckets` checks).
         """
@@ -172,7 +172,7 @@ class Runtime:
         return buffer, spans
 
     def grad_units(self) -> tuple[GradUnit, ...]:
-        """This rank's gradients as :mod:`distsim.flow.sync` takes them: one unit per layer it holds, the last layer
+        """This rank's gradients as :mod:`distsim.core.sync` takes them: one unit per layer it holds, the last layer
         first, with the bytes of each of its parameters' gradients in registration order and its model chunk."""
         chunk = {li: vs // self.pp for vs in range(self.pipe_rank, self.strategy.num_stages, self.pp)
                  for li in range(*self.stage_ranges[vs])}  # fmt: skip
@@ -182,7 +182,7 @@ class Runtime:
         )
 
     def simulated_units(self) -> tuple[GradUnit, ...]:
-        """The units the simulator describes this rank with (:meth:`distsim.models.graph.Model.stored_tensors`)."""
+        """The units the simulator describes this rank with (:meth:`distsim.core.models.graph.Model.stored_tensors`)."""
         held, grad_bytes = set(self.layers), self.model.precision.grad_bytes
         return tuple(GradUnit(u.layer, tensor_bytes(self.model.stored_tensors(u.layer, held, self.tp), grad_bytes),
                               0.0, u.chunk) for u in self.grad_units())  # fmt: skip
@@ -197,7 +197,7 @@ class Runtime:
         s = self.strategy
         if MODES[s.grad_sync].planned and not s.grad_groups:
             raise DistsimError(f"grad_sync {s.grad_sync} needs its merge plan (grad_groups) to execute; distsim "
-                               "execute plans it with distsim.flow.uniform.merge_groups")  # fmt: skip
+                               "execute plans it with distsim.sim.flow.uniform.merge_groups")  # fmt: skip
         settings = SyncSettings.of(s.bucket_cap_mb, s.grad_groups)
         lowered = lower(s.grad_sync, SyncContext(self.grad_units(), lambda _n: 0.0, None, settings),
                         s.optimizer_sharding)  # fmt: skip

@@ -20,11 +20,11 @@ Burst plans run on ranks 0..N-1 (rank = GPU id) and need a model whose last laye
 
 from __future__ import annotations
 
-from distsim.errors import DistsimError
-from distsim.models.graph import Model
-from distsim.partition import rank_layers
-from distsim.plan import Plan, format_devices
-from distsim.strategy import Strategy
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.partition import rank_layers
+from distsim.core.strategy import Strategy
+from distsim.plans.plan import Plan, format_devices
 
 RECOMPUTE = ("none", "full")
 SHARDING = ("none", "zero1")

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from distsim.errors import DistsimError
-from distsim.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
+from distsim.core.errors import DistsimError
+from distsim.infra.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_EXECUTE_CONFIG"
 
@@ -46,7 +46,8 @@ class ExecuteConfig(WorkerConfig):
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
     burst: dict[str, Any] | None = None
-    """A burst plan's file form (:mod:`distsim.burst_form`), run by :mod:`distsim.executor.burst`; `strategy` is then
+    """A burst plan's file form (:mod:`distsim.plans.burst_form`), run by :mod:`distsim.executor.burst`; `strategy` is
+    then
     its schedule-level view (one stage, one batch)."""
 
 
@@ -58,16 +59,16 @@ def run(cfg: ExecuteConfig) -> None:
     import torch
     import torch.distributed as dist
 
+    from distsim.core.partition import ranges
+    from distsim.core.placement import Placement
+    from distsim.core.schedules import build_schedule
+    from distsim.core.strategy import Strategy, check_strategy
     from distsim.executor.runtime import Runtime
-    from distsim.io import load_cluster, load_model
-    from distsim.partition import ranges
-    from distsim.placement import Placement
-    from distsim.plan import plan_from_dict
+    from distsim.io.files import load_cluster, load_model
+    from distsim.plans.plan import plan_from_dict
     from distsim.profiler.blocks import torch_dtype
     from distsim.profiler.compute import device_name
     from distsim.profiler.worker import init_rank
-    from distsim.schedules import build_schedule
-    from distsim.strategy import Strategy, check_strategy
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -123,8 +124,8 @@ def run(cfg: ExecuteConfig) -> None:
         dist.all_gather_object(gathered, payload)
         barrier()
     if rank == 0:
-        from distsim.io import write_chrome_trace, write_json
-        from distsim.trace import Trace
+        from distsim.io.files import write_chrome_trace, write_json
+        from distsim.io.trace import Trace
 
         iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
         losses = [v for r, _rec, v in gathered if r in loss_ranks]
@@ -166,7 +167,7 @@ def _groups(model: Any, strategy: Any, placement: Any, stage_ranges: Any, rank: 
     """Every rank creates every group in the same order and keeps its own."""
     import torch.distributed as dist
 
-    from distsim.partition import rank_layers
+    from distsim.core.partition import rank_layers
 
     grid = placement.grid
     pp, dp, tp = strategy.pp, strategy.dp, strategy.tp

@@ -1,6 +1,6 @@
 """ZeRO-1 on one executor rank: Megatron-LM's distributed optimizer over the rank's data-parallel group.
 
-The gradient buckets stay the ones :mod:`distsim.flow.sync` lowers (each one slice of the rank's contiguous gradient
+The gradient buckets stay the ones :mod:`distsim.core.sync` lowers (each one slice of the rank's contiguous gradient
 buffer); the sharding pass changes what each becomes:
 
 * **Layout.** Each bucket's slice is padded to a multiple of the group's size d (:func:`padded_layout`), in the
@@ -17,7 +17,7 @@ buffer); the sharding pass changes what each becomes:
 * **Step.** Adam steps one contiguous fp32 buffer of the rank's shards of every bucket (master weights), with its
   own state: 1/d of the rank's parameters.
 * **Parameters.** Each bucket's parameters are then all-gathered from the shards into the parameter buffer, one
-  all-gather per bucket in the order :attr:`distsim.flow.sync.Lowered.gathers` gives (:meth:`Zero1.gather`).
+  all-gather per bucket in the order :attr:`distsim.core.sync.Lowered.gathers` gives (:meth:`Zero1.gather`).
 
 Padding elements hold zero parameters and zero gradients, which Adam leaves at zero.
 """

@@ -1,4 +1,4 @@
-"""Torch modules for the simulator's :class:`~distsim.models.graph.Block` descriptions.
+"""Torch modules for the simulator's :class:`~distsim.core.models.graph.Block` descriptions.
 
 One module per block, usable for profiling one tensor-parallel shard (the collectives are separate events, so the
 hooks do nothing: :meth:`~distsim.profiler.tp_comm.TPComm.local`) and by a real executor (its process-group hooks run
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from distsim.models.graph import Block
+from distsim.core.models.graph import Block
 from distsim.profiler.tp_comm import TPComm, VocabParallelCrossEntropy
 
 TRANSFORMER_OPS = ("attention", "cross_attention", "mlp", "embedding", "lm_head")

@@ -1,5 +1,5 @@
 """Measuring collocation: how much a low-priority background job on the same device slows the foreground (DeepPool's
-GPU multiplexing, section 5; the figure :mod:`distsim.collocate` stretches a collocated foreground's compute by).
+GPU multiplexing, section 5; the figure :mod:`distsim.search.collocate` stretches a collocated foreground's compute by).
 
 The foreground alternates a compute kernel with an idle gap as long (a foreground that leaves idle time, which is
 when a background job is worth having); the background runs its own kernels back to back at lower priority, so it
@@ -25,7 +25,7 @@ Per device type (:data:`BACKGROUNDS`):
   ``IN_FLIGHT`` kernels queued (DeepPool's launch pacing), paused by not launching.
 
 Everything here times torch work, so it lives in the profiler; the record is a
-:class:`distsim.profile_db.Collocation`.
+:class:`distsim.sim.profile_db.Collocation`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
-from distsim.profile_db import Collocation
+from distsim.sim.profile_db import Collocation
 
 FOREGROUND_GEMM = (128, 1024, 512)
 """(m, k, n) of the foreground's fp32 kernel: about 1-3 ms on one CPU core."""

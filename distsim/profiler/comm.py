@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distsim.profile_db import CommMeasurement, Interference
+from distsim.sim.profile_db import CommMeasurement, Interference
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 MAX_REPEATS = 50

@@ -1,6 +1,6 @@
 """Timing compute events (DistSim Sec. 4.1): one tensor-parallel shard of one block, forward or backward.
 
-A :class:`~distsim.costs.ComputeEvent` is measured by building the shard's module (:mod:`distsim.profiler.blocks`,
+A :class:`~distsim.sim.costs.ComputeEvent` is measured by building the shard's module (:mod:`distsim.profiler.blocks`,
 tp rank 0, local communication hooks: the all-reduces are separate communication events) and timing
 
 * ``F``: the forward pass, with autograd recording as in training;
@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from distsim.costs import ComputeEvent
 from distsim.profiler.blocks import build_block, torch_dtype
 from distsim.profiler.tp_comm import TPComm
+from distsim.sim.costs import ComputeEvent
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The profiler's self-check: a short chain of each distinct stage's blocks, timed in situ (see ``distsim.self_check``).
+"""The profiler's self-check: a short chain of each distinct stage's blocks, timed in situ (see
+``distsim.infra.self_check``).
 
 A chain is a few layers of one pipeline stage of a profiled strategy (every distinct block of the stage, and at
 least ``CHAIN_LAYERS`` layers), built as the profiler builds them (tp rank 0's shard, local communication hooks),
@@ -21,14 +22,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distsim.cluster import Cluster
-from distsim.costs import AnalyticCosts, ComputeEvent
-from distsim.flow.events import resolve_partition
-from distsim.models.graph import Block, Model
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Block, Model
+from distsim.core.strategy import Strategy
 from distsim.profiler.blocks import build_block, can_build, torch_dtype
 from distsim.profiler.compute import FIRST_SLEEP_S, SLEEP_MARGIN, SLEEP_PAD_S, FedTimer, evict_bytes
 from distsim.profiler.tp_comm import TPComm
-from distsim.strategy import Strategy
+from distsim.sim.costs import AnalyticCosts, ComputeEvent
+from distsim.sim.flow.events import resolve_partition
 
 CHAIN_LAYERS = 4
 """Least layers of a stage in its chain (fewer when the stage has fewer)."""

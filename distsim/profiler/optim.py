@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from distsim.costs import optimizer_key
+from distsim.sim.costs import optimizer_key
 
 
 def time_optimizer_step(params: int, state_bytes: int, device: torch.device, warmup: int = 2,

@@ -1,7 +1,7 @@
 """A fixed reference workload and the machine's load: how fast this rank's device is right now.
 
 Each profiling rank times :func:`time_reference` before and after it profiles, so that a profile taken while the
-machine was loaded (or whose load changed during the run) says so (see :mod:`distsim.machine_load` for the
+machine was loaded (or whose load changed during the run) says so (see :mod:`distsim.infra.machine_load` for the
 judgement). The workload is fixed (the same operations on the same shapes everywhere), so its time compares across
 runs of one machine: a square fp32 matmul repeated on the rank's threads (CPU, timed with a monotonic clock) or on the
 rank's GPU (timed with CUDA events), in rounds; the reading is the median round, which a single interruption does

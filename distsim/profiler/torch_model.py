@@ -113,7 +113,7 @@ class TracedModel:
         return {kind: xs[1] if len(xs) > 1 else xs[0] for kind, xs in same.items()}
 
     def model_dict(self, flops: Mapping[str, float] | None = None) -> dict[str, Any]:
-        """The layer graph in the model-file format (:mod:`distsim.models.loader`); `flops`: forward FLOPs per
+        """The layer graph in the model-file format (:mod:`distsim.core.models.loader`); `flops`: forward FLOPs per
         micro-batch by kind."""
         layers = []
         for x in self.layers:

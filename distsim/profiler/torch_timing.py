@@ -25,9 +25,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from distsim.costs import ComputeEvent
-from distsim.models.graph import Block
-from distsim.profile_db import Measurement
+from distsim.core.models.graph import Block
 from distsim.profiler.compute import (
     Step,
     _extra_flop_formulas,
@@ -39,6 +37,8 @@ from distsim.profiler.compute import (
 )
 from distsim.profiler.torch_model import LayerInfo, TracedModel, stubbed
 from distsim.profiler.torch_user import call_module, loss_of, map_tensors, snapshot, tensors_in
+from distsim.sim.costs import ComputeEvent
+from distsim.sim.profile_db import Measurement
 
 
 def event(traced: TracedModel, layer: LayerInfo, phase: str) -> ComputeEvent:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 class TorchModelError(DistsimError):

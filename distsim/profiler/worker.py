@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from distsim.errors import DistsimError
-from distsim.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
+from distsim.core.errors import DistsimError
+from distsim.infra.launch import WorkerConfig, inject_fault, stop_if_orphaned, worker_main
 
 CONFIG_ENV = "DISTSIM_PROFILE_CONFIG"
 
@@ -125,16 +125,16 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     import torch
     import torch.distributed as dist
 
-    from distsim.costs import AnalyticCosts
-    from distsim.discovery import discover, shard_strategies
-    from distsim.io import load_cluster, load_model, load_profile, write_json
-    from distsim.plan import plan_from_dict
-    from distsim.profile_db import CommMeasurement, Interference, Measurement, ProfileDB
+    from distsim.core.strategy import Strategy
+    from distsim.io.files import load_cluster, load_model, load_profile, write_json
+    from distsim.plans.plan import plan_from_dict
     from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
     from distsim.profiler.compute import device_name, time_compute_event
     from distsim.profiler.optim import time_optimizer_step
     from distsim.profiler.reference import machine_load
-    from distsim.strategy import Strategy
+    from distsim.search.discovery import discover, shard_strategies
+    from distsim.sim.costs import AnalyticCosts
+    from distsim.sim.profile_db import CommMeasurement, Interference, Measurement, ProfileDB
 
     started = time.perf_counter()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -284,8 +284,8 @@ def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[s
     event's insitu_ratio in `results` and returns the provenance summary (other ranks: None)."""
     from dataclasses import replace
 
+    from distsim.infra.self_check import bias_warning, summarise
     from distsim.profiler.insitu import plan_chains, run_chains
-    from distsim.self_check import bias_warning, summarise
 
     started = time.perf_counter()
     measured = {k for k in results if not k.startswith("optimizer/")}
@@ -314,7 +314,7 @@ def _is_torch(op: str) -> bool:
 def _torch_model(spec: str, rank: int, world: int, device: Any, traced: Any) -> tuple[Any, Any]:
     """(the traced module on rank 0, else None; its layer graph as a Model on every rank): only rank 0 imports and
     runs the user's code, the others get the graph from it."""
-    from distsim.models import model_from_dict
+    from distsim.core.models import model_from_dict
     from distsim.profiler.torch_model import trace
 
     data: list[Any] = [None]
@@ -345,7 +345,7 @@ def _reference_at_start(reading: dict[str, Any], device: Any, world: int, existi
     busy, or, extending a profile, when the machine is now faster or slower than when the profile was measured."""
     import statistics
 
-    from distsim.machine_load import DRIFT_LIMIT, extension_warning, load_warnings
+    from distsim.infra.machine_load import DRIFT_LIMIT, extension_warning, load_warnings
     from distsim.profiler.reference import other_cpu_use, reference_workload, time_reference
 
     if world > 1:
@@ -372,7 +372,7 @@ def _reference_at_start(reading: dict[str, Any], device: Any, world: int, existi
 def _reference_at_end(load: dict[str, Any], reading: dict[str, Any], device: Any, world: int,
                       log: Callable[[str], None]) -> None:  # fmt: skip
     """Every rank times the reference again; rank 0 records both readings per rank and warns when one moved."""
-    from distsim.machine_load import load_warnings
+    from distsim.infra.machine_load import load_warnings
     from distsim.profiler.reference import time_reference
 
     reading["reference_end_s"] = round(time_reference(device), 7)

@@ -17,7 +17,7 @@ boundaries). The best plan is kept per (j', used) state. Pure data parallelism (
 pipeline (one GPU per stage, balanced split) are candidates like any other. The micro-batch count M is searched
 over the divisors of the global batch (each giving micro-batch size b = global batch / M).
 
-Cost hooks come from a :class:`~distsim.costs.CostSource` (analytic or a profile): a stage's F and B sum its layers'
+Cost hooks come from a :class:`~distsim.sim.costs.CostSource` (analytic or a profile): a stage's F and B sum its layers'
 times at ceil(b / r) samples (the largest slice a replica gets), scaled by its slowest GPU; a transfer is the
 slowest sender's serial sum of its split-concat pieces; AR is the all-reduce of the stage's gradients over its
 replicas, followed by the optimizer step (the paper leaves the optimizer out; the simulator runs it, so the
@@ -26,7 +26,7 @@ activations fits in GPU memory: K_i = min(S - i, M) under DAPPLE's policy A, min
 M under GPipe (capped by D, the in-flight limit, when given).
 
 Everything here is pure: no torch, no files. The simulator's prediction of the chosen plan is a separate step
-(:func:`distsim.simulate.simulate` accepts the :class:`~distsim.plan.Plan` this returns).
+(:func:`distsim.plans.simulate.simulate` accepts the :class:`~distsim.plans.plan.Plan` this returns).
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distsim.cluster import Cluster
-from distsim.costs import AnalyticCosts, CostSource
-from distsim.errors import DistsimError
-from distsim.models.graph import Model
-from distsim.partition import balanced_partition, ranges
-from distsim.plan import Plan
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.partition import balanced_partition, ranges
+from distsim.plans.plan import Plan
 from distsim.search.dapple_dp import _Search, beam_width
 from distsim.search.dapple_model import (
     POLICIES,
@@ -55,6 +54,7 @@ from distsim.search.dapple_model import (
 )
 from distsim.search.pool import imap_unordered
 from distsim.search.space import cluster_for, divisors
+from distsim.sim.costs import AnalyticCosts, CostSource
 
 
 @dataclass
@@ -250,7 +250,7 @@ def check_with_simulator(
     run more than `max_tasks` tasks (default: the simulator's limit) are left out (the shortlist is longer than
     the answer then).
     """
-    from distsim.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
+    from distsim.plans.simulate import DEFAULT_MAX_TASKS, estimate_size, simulate
 
     costs = costs if costs is not None else AnalyticCosts(result.cluster)
     limit = DEFAULT_MAX_TASKS if max_tasks is None else max_tasks

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from distsim.cluster import Cluster
-from distsim.costs import CostSource
-from distsim.models.graph import Model
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Model
 from distsim.search.dapple_model import DappleSpec, Stage, StageCosts, in_flight, place
+from distsim.sim.costs import CostSource
 
 
 def beam_width(spec: DappleSpec, cluster: Cluster) -> int:

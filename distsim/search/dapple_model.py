@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from distsim.cluster import Cluster
-from distsim.costs import CommEvent, ComputeEvent, CostSource
-from distsim.errors import DistsimError
-from distsim.models.graph import Model
-from distsim.placement import group_instances, pair_instances
-from distsim.plan import StagePlan, split_samples, stages_notation
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.placement import group_instances, pair_instances
+from distsim.plans.plan import StagePlan, split_samples, stages_notation
+from distsim.sim.costs import CommEvent, ComputeEvent, CostSource
 
 POLICIES = ("fresh", "append", "scatter")
 POLICY_NAMES = {"fresh": "Fresh First", "append": "Append First", "scatter": "Scatter First"}

@@ -37,12 +37,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from distsim.burst import redistribution, scope_of, transfer_cost
-from distsim.cluster import Cluster
-from distsim.costs import CommEvent, ComputeEvent, CostSource
-from distsim.models.graph import Model
-from distsim.plan import Plan, burst_plan
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Model
+from distsim.plans.plan import Plan, burst_plan
+from distsim.plans.redistribution import redistribution, scope_of, transfer_cost
 from distsim.search.deeppool_graph import Block, Branch, BurstError, decompose, side_by_side
+from distsim.sim.costs import CommEvent, ComputeEvent, CostSource
 
 Edge = tuple[int, int]
 
@@ -402,7 +402,8 @@ def problem_from_model(model: Model, cluster: Cluster, costs: CostSource, gpus: 
 
     * comp(i,g): the layer's forward + backward time at ceil(B/g) samples per GPU, the largest shard (B not
       divisible by g leaves some GPUs a sample more, and the layer waits for them);
-    * comm((i,h)->(j,g)): 2 x :func:`distsim.burst.redistribution_cost` of layer i's output (forward activations
+    * comm((i,h)->(j,g)): 2 x :func:`distsim.plans.redistribution.redistribution_cost` of layer i's output (forward
+      activations
       and backward gradients), i on GPUs 0..h-1 and j on 0..g-1, the cost the simulator charges too;
     * sync(i,g): the all-reduce of the layer's parameter gradients over its g GPUs (intra-node when g fits in a
       node), 0 for g = 1 or a layer without parameters; not overlapped with backward, as DeepPool assumes. The
@@ -457,7 +458,7 @@ def to_plan(
     result: BurstResult, model_name: str, cluster_name: str, batch: int, nodes: int,
     devices: Mapping[int, Sequence[int]] | None = None, grad_sync: str = "bulk", **note: object,
 ) -> Plan:  # fmt: skip
-    """A burst plan (:func:`distsim.plan.burst_plan`) of the planner's counts: layer i on GPUs 0..g_i-1, or on
+    """A burst plan (:func:`distsim.plans.plan.burst_plan`) of the planner's counts: layer i on GPUs 0..g_i-1, or on
     ``devices[i]`` (:func:`side_by_side`); `grad_sync` bulk is the planner's no-overlap assumption. The planner's own
     figures go into the plan's note."""
     note = {"driver": "distsim search deeppool", "planner_estimate_s": round(result.time_s, 9),

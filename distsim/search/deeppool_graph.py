@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from distsim.errors import DistsimError
+from distsim.core.errors import DistsimError
 
 
 class BurstError(DistsimError):

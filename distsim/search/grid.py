@@ -19,18 +19,18 @@ from typing import Any
 
 import pandas as pd
 
-from distsim.cluster import Cluster
-from distsim.costs import AnalyticCosts, CostSource
-from distsim.errors import DistsimError
-from distsim.flow.events import FlowOptions, resolve_partition
-from distsim.flow.sync import DDP_BUCKET_CAP_MB
-from distsim.memory import estimate_memory
-from distsim.models.graph import Model
-from distsim.schedules import build_schedule
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.schedules import build_schedule
+from distsim.core.strategy import Strategy
+from distsim.core.sync import DDP_BUCKET_CAP_MB
+from distsim.plans.simulate import simulate
 from distsim.search.pool import imap_unordered
 from distsim.search.space import Skipped, cluster_for, enumerate_strategies
-from distsim.simulate import simulate
-from distsim.strategy import Strategy
+from distsim.sim.costs import AnalyticCosts, CostSource
+from distsim.sim.flow.events import FlowOptions, resolve_partition
+from distsim.sim.memory import estimate_memory
 
 GB = 1e9
 

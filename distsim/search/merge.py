@@ -1,7 +1,7 @@
 """MG-WFBP's question as a search (Shi et al., TPDS; ALGORITHMS.md section 2): how should a data-parallel strategy
 synchronise its gradients, which layers should MG-WFBP merge, and how does each choice scale with the workers?
 
-* :func:`compare_sync` simulates one strategy under every gradient synchronisation mode of :mod:`distsim.flow.sync`
+* :func:`compare_sync` simulates one strategy under every gradient synchronisation mode of :mod:`distsim.core.sync`
   (``bulk`` is MG-WFBP's SyncEASGD, ``wfbp`` wait-free backprop, ``ddp`` PyTorch's buckets, ``mgwfbp`` the paper's
   greedy merge, ``mgwfbp-optimal`` the exact one) and reports, per mode, the iteration time, the communication left
   exposed per GPU, the all-reduces issued, the speedup over WFBP and, for the planned modes, the merge plan (layer
@@ -25,16 +25,16 @@ from typing import Any
 
 import pandas as pd
 
-from distsim.cluster import Cluster
-from distsim.costs import AnalyticCosts, CostSource
-from distsim.errors import DistsimError
-from distsim.flow.events import K_DP, EventFlow, FlowOptions, resolve_partition
-from distsim.flow.sync import DDP_BUCKET_CAP_MB, MODES, tensor_bytes
-from distsim.flow.uniform import merge_groups
-from distsim.models.graph import Model
-from distsim.partition import rank_layers
-from distsim.simulate import simulate
-from distsim.strategy import Strategy
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.partition import rank_layers
+from distsim.core.strategy import Strategy
+from distsim.core.sync import DDP_BUCKET_CAP_MB, MODES, tensor_bytes
+from distsim.plans.simulate import simulate
+from distsim.sim.costs import AnalyticCosts, CostSource
+from distsim.sim.flow.events import K_DP, EventFlow, FlowOptions, resolve_partition
+from distsim.sim.flow.uniform import merge_groups
 
 BASELINE = "wfbp"
 """The mode speedups are measured against (MG-WFBP's baseline; always simulated)."""

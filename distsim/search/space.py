@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from distsim.cluster import Cluster
-from distsim.errors import DistsimError, ScheduleError, StrategyError
-from distsim.models.graph import Model
-from distsim.schedules import check_schedule_size
-from distsim.strategy import Strategy, check_strategy
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError, ScheduleError, StrategyError
+from distsim.core.models.graph import Model
+from distsim.core.schedules import check_schedule_size
+from distsim.core.strategy import Strategy, check_strategy
 
 
 @dataclass(frozen=True)

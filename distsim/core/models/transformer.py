@@ -1,0 +1,373 @@
+"""Transformer workloads (BERT, GPT-2/3, T5) with Megatron-style tensor-parallel splits.
+
+Per-sample forward FLOPs of one layer follow Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", Sec. 5.1: 24 s h^2 + 4 s^2 h per layer, i.e. attention 8 s h^2 + 4 s^2 h and MLP
+16 s h^2 with f = 4h). Activation memory kept for backward follows Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", Sec. 4.1 and 4.2.1): s b h (10 + 24/t + 5 a s / (h t)) bytes per layer
+with 2-byte activations and tensor parallelism t, without sequence parallelism or recomputation.
+
+Megatron's tensor parallelism (Shoeybi et al. 2019, Fig. 3) needs one all-reduce of the block output (s h elements
+per sample) after the attention block and after the MLP block in forward, and one each in backward.
+
+Every block also lists its kernels (``Block.ops``, :mod:`distsim.core.models.ops`) for the analytic cost model:
+Megatron's
+layer (Korthikanti et al. 2022, Sec. 4.1) as layer norm, QKV GEMM, flash attention, output projection, bias + dropout +
+residual; layer norm, two MLP GEMMs around the bias + GeLU, bias + dropout + residual; the embedding gather; the LM
+head's GEMM and its fp32 vocab-parallel cross-entropy. ``fwd_flops`` and ``io_bytes`` are the sums over those ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from distsim.core.checks import positive_int
+from distsim.core.errors import ModelFileError
+from distsim.core.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
+from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp, Op
+
+
+def check_dims(dims: Mapping[str, Any], where: str) -> dict[str, int]:
+    """Transformer dimensions (layers, hidden, heads, seq, vocab, ffn, dec_seq; None: not given) as positive
+    integers, layers at most MAX_LAYERS and hidden divisible by heads (each head gets hidden/heads dimensions).
+    Errors name `where`, the key and the value."""
+    out = {k: positive_int(v, f"{where}: {k}", ModelFileError, MAX_LAYERS if k == "layers" else None)
+           for k, v in dims.items() if v is not None}  # fmt: skip
+    if "hidden" in out and "heads" in out and out["hidden"] % out["heads"]:
+        raise ModelFileError(
+            f"{where}: hidden ({out['hidden']}) must be divisible by heads ({out['heads']}), "
+            "as each attention head gets hidden/heads dimensions"
+        )
+    return out
+
+
+def pad_vocab(vocab: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 so that it splits over tensor-parallel ranks."""
+    return -(-vocab // multiple) * multiple
+
+
+def _layernorm(s: int, h: int, e: int) -> MemoryOp:
+    """A replicated layer norm over s tokens (every tp rank normalises the full hidden state): reads and writes
+    s h elements; backward runs two kernels (input gradient; gamma/beta gradients)."""
+    return MemoryOp("layernorm", float(2 * s * h * e), reduction=True, bwd_kernels=2)
+
+
+def _bias_dropout_add(s: int, h: int, e: int) -> MemoryOp:
+    """Megatron's fused bias + dropout + residual add after a row-parallel projection, replicated on every tp rank:
+    reads the projection output and the residual, writes the sum and the 1-byte dropout mask (Korthikanti Sec. 4.1)."""
+    return MemoryOp("bias_dropout_add", float(s * h * (3 * e + 1)))
+
+
+def attention_ops(h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True) -> tuple[Op, ...]:
+    """Megatron's attention block as kernels: layer norm, QKV projection (column-parallel), flash attention (heads
+    split), output projection (row-parallel), bias + dropout + residual. A cross-attention block projects Q from the
+    decoder's s tokens and K, V from the encoder's kv_seq positions, unmasked."""
+    if kv_seq is None:
+        projections: tuple[Op, ...] = (GemmOp("qkv", s, 3 * h, h, "n", e),)
+        core = AttentionOp("flash_attention", a, h // a, s, s, causal, e)
+    else:
+        projections = (GemmOp("q", s, h, h, "n", e), GemmOp("kv", kv_seq, 2 * h, h, "n", e))
+        core = AttentionOp("flash_attention", a, h // a, s, kv_seq, False, e)
+    return (_layernorm(s, h, e), *projections, core, GemmOp("proj", s, h, h, "k", e), _bias_dropout_add(s, h, e))
+
+
+def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = None, causal: bool = True) -> Block:
+    """Self-attention (kv_seq None; causal for a decoder, not for a BERT-style encoder) or cross-attention over
+    kv_seq encoder positions, with its layernorm."""
+    e = p.act_bytes
+    if kv_seq is None:
+        op, shape = "attention", (("h", h), ("heads", a), ("seq", s))
+    else:
+        op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
+    # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
+    bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
+    projections = (
+        [(3 * h * h, True), (3 * h, True)]
+        if kv_seq is None
+        else [(h * h, True), (h, True), (2 * h * h, True), (2 * h, True)]
+    )
+    return Block(
+        op=op,
+        shape=shape,
+        params=4 * h * h + 4 * h + 2 * h,
+        replicated_params=3 * h,  # LayerNorm (2h) and the row-parallel output bias (h) stay whole on every rank
+        tp="shard",
+        tp_fwd_allreduce_bytes=float(s * h * e),
+        tp_bwd_allreduce_bytes=float(bwd_bytes),
+        ops=attention_ops(h, a, s, e, kv_seq, causal),
+        # LayerNorm weight and bias, the column-parallel QKV (or Q and KV) weight and bias, the row-parallel output
+        # weight (split) and bias (added once after g: whole on every rank), as the torch module registers them
+        tensors=((h, False), (h, False), *projections, (h * h, True), (h, False)),
+    )
+
+
+def mlp_ops(h: int, f: int, s: int, e: int) -> tuple[Op, ...]:
+    """Megatron's MLP block as kernels: layer norm, h -> f projection (column-parallel), fused bias + GeLU on the
+    split f features, f -> h projection (row-parallel), bias + dropout + residual."""
+    return (
+        _layernorm(s, h, e),
+        GemmOp("fc1", s, f, h, "n", e),
+        MemoryOp("bias_gelu", float(2 * s * f * e), tp="shard"),
+        GemmOp("fc2", s, h, f, "k", e),
+        _bias_dropout_add(s, h, e),
+    )
+
+
+def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
+    e = p.act_bytes
+    return Block(
+        op="mlp",
+        shape=(("h", h), ("ffn", f), ("seq", s)),
+        params=2 * h * f + f + h + 2 * h,
+        replicated_params=3 * h,  # LayerNorm and the second projection's bias
+        tp="shard",
+        tp_fwd_allreduce_bytes=float(s * h * e),
+        tp_bwd_allreduce_bytes=float(s * h * e),
+        ops=mlp_ops(h, f, s, e),
+        # LayerNorm, fc1 (column-parallel) weight and bias, fc2 (row-parallel) weight; fc2's bias is whole
+        tensors=((h, False), (h, False), (h * f, True), (f, True), (f * h, True), (h, False)),
+    )
+
+
+def transformer_layer(
+    name: str,
+    h: int,
+    a: int,
+    s: int,
+    f: int,
+    p: Precision,
+    inputs: tuple[str, ...] | None = None,
+    cross_kv_seq: int | None = None,
+    causal: bool = True,
+) -> Layer:
+    """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split.
+
+    Activations kept for backward per sequence (Korthikanti et al. 2022, Sec. 4.1 and 4.2.1; 2-byte activations,
+    scaled for others): sh(10 + 24/t + 5as/(ht)) with tensor parallelism t. The 10sh every tp rank keeps (layer-norm
+    inputs 4sh, the QKV and fc1 inputs 4sh, two dropout masks 2sh) is what sequence parallelism divides by t
+    (Sec. 4.2.2: ``saved_sp_bytes``); of the 24sh + 5as^2 split over t, the attention core 5as^2 (softmax 2as^2, its
+    dropout mask as^2, the dropout output 2as^2) is what selective recomputation drops (Sec. 5: ``saved_core_bytes``).
+    A decoder's cross-attention adds its own: 2sh whole, 11sh + 5as kv split, 5as kv of it the core.
+    """
+    blocks = [attention_block(h, a, s, p, causal=causal)]
+    scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
+    saved, saved_sharded = 10 * s * h * scale, (24 * s * h + 5 * a * s * s) * scale
+    core = 5 * a * s * s * scale
+    if cross_kv_seq is not None:
+        blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq))
+        saved += 2 * s * h * scale
+        saved_sharded += (11 * s * h + 5 * a * s * cross_kv_seq) * scale
+        core += 5 * a * s * cross_kv_seq * scale
+    blocks.append(mlp_block(h, f, s, p))
+    return Layer(
+        name=name,
+        blocks=tuple(blocks),
+        out_bytes=float(s * h * p.act_bytes),
+        saved_bytes=float(saved),
+        saved_sharded_bytes=float(saved_sharded),
+        saved_core_bytes=float(core),
+        saved_sp_bytes=float(saved),
+        inputs=inputs,
+    )
+
+
+def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) -> tuple[Op, ...]:
+    """Megatron's VocabParallelEmbedding as kernels: every tp rank gathers (masked) rows for all s tokens, so the
+    gather is replicated; then the position add and the embedding dropout (2 s h FLOPs). Backward scatters the
+    gradient rows (PyTorch's embedding_dense_backward: sort, segment sums, scatter) into a dense vocab/tp x h weight
+    gradient that is zero-filled and accumulated into the fp32 main gradient every micro-batch: (e + e + 4 + 4) bytes
+    per weight, whatever the micro-batch size."""
+    touched = 3 * e + 1 if positions else 2 * e + 1  # gathered (+ position) rows read; sum, 1-byte mask written
+    return (
+        MemoryOp("embedding_gather", float(2 * s * h * e), bwd_factor=1.0, bwd_kernels=5),
+        MemoryOp(
+            "embedding_weight_grad",
+            0.0,
+            tp="shard",
+            kernels=0,
+            bwd_kernels=2,
+            bwd_fixed_bytes=float(vocab * h * (2 * e + 8)),
+        ),
+        MemoryOp("position_add_dropout", float(s * h * touched), flops=float(2 * s * h)),
+    )
+
+
+def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positions: bool = True) -> Layer:
+    """Vocabulary-parallel embedding: params split over tp, one all-reduce of the output in forward.
+
+    It keeps its dropout mask, s bytes per hidden unit, which sequence parallelism splits over t (Korthikanti et al.
+    2022, Sec. 4.3: sbhp/t for the p micro-batches of the first stage); full recomputation does not re-run it (Megatron
+    checkpoints transformer layers only)."""
+    e = p.act_bytes
+    block = Block(
+        op="embedding",
+        shape=(("vocab", vocab), ("h", h), ("seq", s), ("positions", int(positions))),
+        params=vocab * h + (s * h if positions else 0),
+        replicated_params=s * h if positions else 0,  # learned position embeddings are not vocab-split
+        tp="shard",
+        tp_fwd_allreduce_bytes=float(s * h * e),
+        ops=embedding_ops(vocab, h, s, e, positions),
+        tensors=((vocab * h, True), *([(s * h, False)] if positions else [])),  # word rows split, positions whole
+    )
+    return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h),
+                 saved_sp_bytes=float(s * h), recomputable=False, inputs=())  # fmt: skip
+
+
+def lm_head_ops(vocab: int, h: int, s: int, e: int) -> tuple[Op, ...]:
+    """Final layer norm, the logits GEMM (column-parallel over the vocabulary) and Megatron's vocab-parallel fp32
+    cross-entropy (megatron/mpu/cross_entropy.py, on ``output.float()``) on the split vocabulary. Its forward passes
+    over the s x vocab/tp logits: element-wise, the cast to fp32 (e read, 4 written), subtract the max (8), exp (8)
+    and divide by the sum to keep the softmax for backward (8), 24 + e bytes per logit in 4 kernels; row reductions,
+    the max and the sum (4 each), in 2 kernels plus 2 small ones (the target logit, the loss). Backward scales the
+    kept softmax by the loss gradient (8) and casts it back (4 + e), 12 + e bytes per logit in 4 kernels."""
+    elementwise, reductions = 24 + e, 8
+    return (
+        _layernorm(s, h, e),
+        GemmOp("logits", s, vocab, h, "n", e),
+        MemoryOp(
+            "cross_entropy",
+            float(s * vocab * elementwise),
+            tp="shard",
+            kernels=4,
+            bwd_kernels=4,
+            bwd_factor=(12 + e) / elementwise,
+        ),
+        MemoryOp(
+            "cross_entropy_max_sum",
+            float(s * vocab * reductions),
+            tp="shard",
+            reduction=True,
+            kernels=4,
+            bwd_kernels=0,
+            bwd_factor=0.0,
+        ),
+    )
+
+
+def lm_head_layer(
+    name: str,
+    vocab: int,
+    h: int,
+    s: int,
+    p: Precision,
+    inputs: tuple[str, ...] | None = None,
+    tied_to: str = "embedding",
+) -> Layer:
+    """Final layernorm + output projection to the vocabulary + cross-entropy (vocab-parallel, Megatron).
+
+    The projection is column-parallel: backward all-reduces the input gradient (s h elements); the vocab-parallel
+    cross-entropy all-reduces three fp32 values per token in forward. Its projection is tied to the word embedding
+    (``tied_params``: the final LayerNorm is its own, with gradients of its own, as in the torch module); the fp32
+    softmax of the logits is kept for backward. The final layer norm's input (2sh) divides by t with sequence
+    parallelism (Korthikanti et al. 2022, Sec. 4.3); full recomputation does not re-run the head (Megatron checkpoints
+    transformer layers only).
+    """
+    e = p.act_bytes
+    block = Block(
+        op="lm_head",
+        shape=(("vocab", vocab), ("h", h), ("seq", s)),
+        params=vocab * h + 2 * h,
+        replicated_params=2 * h,  # the final LayerNorm
+        tp="shard",
+        ops=lm_head_ops(vocab, h, s, e),
+        tp_fwd_allreduce_bytes=float(3 * s * 4),
+        tp_bwd_allreduce_bytes=float(s * h * e),
+        tensors=((h, False), (h, False), (vocab * h, True)),  # the final LayerNorm (whole), the projection (split)
+    )
+    return Layer(
+        name=name,
+        blocks=(block,),
+        out_bytes=float(s * 4),
+        saved_bytes=float(s * h * e),
+        saved_sharded_bytes=float(4 * s * vocab),
+        saved_sp_bytes=float(s * h * e),
+        recomputable=False,
+        inputs=inputs,
+        tied_to=tied_to,
+        tied_params=vocab * h,
+    )
+
+
+def _tp_constraints(heads: int, h: int, f: int, vocab: int) -> tuple[tuple[str, int], ...]:
+    """Megatron splits heads, the hidden and FFN dimensions and the (padded) vocabulary over tp ranks."""
+    return (("attention heads", heads), ("hidden size", h), ("ffn hidden size", f), ("padded vocab", vocab))
+
+
+def decoder_only(
+    name: str,
+    layers: int,
+    h: int,
+    a: int,
+    s: int,
+    vocab: int,
+    source: str,
+    f: int | None = None,
+    precision: Precision = FP16_MIXED,
+    description: str = "",
+    causal: bool = True,
+) -> Model:
+    """GPT-style (or BERT-style encoder-only, causal=False: bidirectional attention) stack: embedding, N layers,
+    LM head."""
+    check_dims({"layers": layers, "hidden": h, "heads": a, "seq": s, "vocab": vocab, "ffn": f}, f"model {name}")
+    f = f or 4 * h
+    v = pad_vocab(vocab)
+    body = [embedding_layer("embedding", v, h, s, precision)]
+    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal) for i in range(layers)]
+    body.append(lm_head_layer("lm_head", v, h, s, precision))
+    return Model(
+        name=name,
+        layers=tuple(body),
+        seq_len=s,
+        tp_constraints=_tp_constraints(a, h, f, v),
+        precision=precision,
+        pipeline_layers=layers,
+        source=source,
+        description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}",
+    )
+
+
+def encoder_decoder(
+    name: str,
+    enc_layers: int,
+    dec_layers: int,
+    h: int,
+    a: int,
+    f: int,
+    enc_seq: int,
+    dec_seq: int,
+    vocab: int,
+    source: str,
+    precision: Precision = FP16_MIXED,
+) -> Model:
+    """T5-style model: the encoder output feeds every decoder layer's cross-attention (a DAG, not a chain)."""
+    check_dims({"layers": enc_layers, "hidden": h, "heads": a, "ffn": f, "seq": enc_seq, "dec_seq": dec_seq,
+                "vocab": vocab}, f"model {name} (encoder)")  # fmt: skip
+    check_dims({"layers": dec_layers}, f"model {name} (decoder)")
+    if enc_layers + dec_layers > MAX_LAYERS:
+        raise ModelFileError(
+            f"model {name}: {enc_layers:,} + {dec_layers:,} layers is above the limit of {MAX_LAYERS:,}"
+        )
+    v = pad_vocab(vocab)
+    body = [embedding_layer("enc_embedding", v, h, enc_seq, precision, positions=False)]
+    body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision, causal=False) for i in range(enc_layers)]
+    enc_out = body[-1].name
+    dec_emb = embedding_layer("dec_embedding", v, h, dec_seq, precision, positions=False)
+    body.append(replace(dec_emb, tied_to="enc_embedding"))
+    prev = "dec_embedding"
+    for i in range(dec_layers):
+        layer = transformer_layer(f"dec{i}", h, a, dec_seq, f, precision, inputs=(prev, enc_out), cross_kv_seq=enc_seq)
+        body.append(layer)
+        prev = layer.name
+    body.append(lm_head_layer("lm_head", v, h, dec_seq, precision, inputs=(prev,), tied_to="enc_embedding"))
+    return Model(
+        name=name,
+        layers=tuple(body),
+        seq_len=enc_seq,
+        tp_constraints=_tp_constraints(a, h, f, v),
+        precision=precision,
+        source=source,
+        description=(
+            f"{enc_layers}+{dec_layers} layers, h={h}, heads={a}, ffn={f}, enc seq={enc_seq}, dec seq={dec_seq}"
+        ),
+    )

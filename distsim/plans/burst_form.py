@@ -1,0 +1,210 @@
+"""A burst plan's forms (DeepPool, :mod:`distsim.plans.redistribution`): its checks, its notation and its plan-file
+form.
+
+A burst plan (:class:`distsim.plans.plan.Plan` with ``burst``) gives every model layer, in model order, the GPUs it runs
+on; it trains one batch of ``micro_batch_size`` samples per iteration. In a plan file (read and written through
+:func:`distsim.plans.plan.plan_from_dict` and :func:`distsim.plans.plan.plan_to_dict`)::
+
+    kind: burst
+    model: vgg16
+    cluster: dgx-a100
+    nodes: 1
+    batch: 32                # samples per iteration, split over each layer's GPUs
+    grad_sync: bulk          # or wfbp
+    counts: 1x3,8x10,1x8     # GxN: N consecutive layers on G GPUs each (GPUs 0..G-1); or a list [1, 1, 1, 8, ...]
+
+or, to place layers on other GPUs (concurrent branches side by side), one entry per layer::
+
+    layers:
+      - 8                    # GPUs 0..7
+      - {gpus: "0-3"}        # a device list: '0-3,6', [4, 5] or one id
+      - {gpus: [4, 5, 6, 7]}
+
+Pure: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from distsim.core.cluster import MAX_GPUS
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import MAX_LAYERS
+from distsim.core.sync import DDP_BUCKET_CAP_MB
+from distsim.plans.plan import Plan, PlanError, check_batch, format_devices, parse_devices
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+GRAD_SYNCS = ("bulk", "wfbp")
+"""How a burst plan synchronises each layer's gradients over its own GPUs: ``bulk``, every layer's all-reduce after
+the whole backward (DeepPool's planner assumes no overlap); ``wfbp``, each right after that layer's backward,
+overlapped with the rest of it."""
+
+_FILE_KEYS = {"kind", "model", "cluster", "nodes", "note", "batch", "grad_sync", "counts", "layers"}
+
+# Plan fields a burst plan leaves at their defaults: (field, default, what it is)
+_UNUSED = (
+    ("micro_batches", 1, "micro_batches (a burst plan trains one batch per iteration)"),
+    ("schedule", "1f1b", "a pipeline schedule"),
+    ("warmup_policy", "A", "a warm-up policy"),
+    ("max_in_flight", None, "max_in_flight"),
+    ("bucket_cap_mb", DDP_BUCKET_CAP_MB, "bucket_cap_mb"),
+    ("grad_groups", (), "gradient_groups"),
+    ("recompute", "none", "activation recomputation"),
+    ("recompute_layers", None, "recompute_layers"),
+    ("optimizer_sharding", "none", "optimizer sharding"),
+)
+
+
+def check_burst_fields(plan: Plan) -> None:
+    """A burst plan's own consistency (what needs neither model nor cluster); PlanError names the first problem."""
+    for name, default, what in _UNUSED:
+        if getattr(plan, name) != default:
+            raise PlanError(f"{what} does not apply to a burst plan")
+    check_batch(plan.micro_batch_size)
+    if plan.grad_sync not in GRAD_SYNCS:
+        raise PlanError(f"a burst plan synchronises gradients {' or '.join(GRAD_SYNCS)}, not {plan.grad_sync!r}")
+    for i, devices in enumerate(plan.burst):
+        if not devices:
+            raise PlanError(f"layer {i} has no GPUs")
+        if len(set(devices)) != len(devices):
+            twice = next(g for g in devices if devices.count(g) > 1)
+            raise PlanError(f"layer {i} lists GPU {twice} twice")
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in devices):
+            raise PlanError(f"layer {i}: GPU ids must be integers >= 0, got {list(devices)}")
+
+
+def check_burst(plan: Plan, num_layers: int, num_gpus: int) -> None:
+    """A burst plan against the model's layers and the cluster's GPUs: one entry per layer, GPUs that exist, and
+    at least one sample per GPU."""
+    if len(plan.burst) != num_layers:
+        raise PlanError(f"the burst plan gives GPUs for {len(plan.burst)} layers but the model has {num_layers}")
+    batch = plan.micro_batch_size
+    for i, devices in enumerate(plan.burst):
+        outside = [g for g in devices if g >= num_gpus]
+        if outside:
+            raise PlanError(f"layer {i} uses GPU {outside[0]}, but the cluster has GPUs 0..{num_gpus - 1}")
+        if len(devices) > batch:
+            raise PlanError(f"layer {i} runs on {len(devices)} GPUs but the batch has only {batch} samples (each GPU "
+                            "gets at least one sample); raise batch or use fewer GPUs")  # fmt: skip
+
+
+def runs(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """(GPU count, layers) of each run of consecutive layers with the same count."""
+    out: list[tuple[int, int]] = []
+    for g in counts:
+        if out and out[-1][0] == g:
+            out[-1] = (g, out[-1][1] + 1)
+        else:
+            out.append((g, 1))
+    return out
+
+
+def format_counts(counts: Sequence[int]) -> str:
+    """GPU counts per layer as runs: [1, 1, 1, 8, 8] -> '1x3,8x2'."""
+    return ",".join(f"{g}x{n}" for g, n in runs(counts))
+
+
+def burst_notation(layouts: Sequence[Sequence[int]]) -> str:
+    """``burst 1x3,8x10,1x8``: 3 layers on 1 GPU, then 10 on 8, then 8 on 1."""
+    return "burst " + format_counts([len(d) for d in layouts])
+
+
+def describe_layouts(layouts: Sequence[Sequence[int]]) -> str:
+    """Runs of consecutive layers on the same GPUs: ``layers 0-2 on GPU 0; layers 3-20 on GPUs 0-7``."""
+    parts: list[tuple[int, int, tuple[int, ...]]] = []
+    for i, devices in enumerate(layouts):
+        if parts and parts[-1][2] == tuple(devices):
+            parts[-1] = (parts[-1][0], i, parts[-1][2])
+        else:
+            parts.append((i, i, tuple(devices)))
+    return "; ".join(f"layer{'s' if a < b else ''} {a}{f'-{b}' if a < b else ''} on GPU{'s' if len(d) > 1 else ''} "
+                     f"{format_devices(d)}" for a, b, d in parts)  # fmt: skip
+
+
+def parse_counts(value: object, where: str) -> list[int]:
+    """GPU counts per layer: '1x3,8x10' (GxN: N layers on G GPUs; a bare G is one layer) or a list of counts."""
+    if isinstance(value, list):
+        if not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in value) or not value:
+            raise PlanError(f"{where}: counts must be positive GPU counts per layer, got {value!r}")
+        out = list(value)
+    elif isinstance(value, str):
+        out = []
+        for part in (p.strip() for p in value.split(",")):
+            g, sep, n = part.partition("x")
+            try:
+                count, times = int(g), int(n) if sep else 1
+            except ValueError:
+                count = times = 0
+            if count < 1 or times < 1:
+                raise PlanError(f"{where}: cannot read counts part {part!r}; write GxN (N layers on G GPUs), e.g. "
+                                "'1x3,8x10'")  # fmt: skip
+            if count > MAX_GPUS or len(out) + times > MAX_LAYERS:
+                raise PlanError(f"{where}: counts {part!r} is above the limits ({MAX_GPUS:,} GPUs, "
+                                f"{MAX_LAYERS:,} layers)")  # fmt: skip
+            out += [count] * times
+    else:
+        raise PlanError(f"{where}: counts must be a string like '1x3,8x10' or a list of GPU counts, got {value!r}")
+    big = [g for g in out if g > MAX_GPUS]
+    if big or len(out) > MAX_LAYERS:
+        raise PlanError(f"{where}: counts above the limits ({MAX_GPUS:,} GPUs per layer, {MAX_LAYERS:,} layers)")
+    return out
+
+
+def _layer_devices(entry: object, where: str) -> tuple[int, ...]:
+    """One entry of ``layers``: a GPU count (GPUs 0..g-1) or {gpus: devices}."""
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        if not 1 <= entry <= MAX_GPUS:
+            raise PlanError(f"{where}: a GPU count must be between 1 and {MAX_GPUS:,}, got {entry}")
+        return tuple(range(entry))
+    if isinstance(entry, dict) and set(entry) == {"gpus"}:
+        return parse_devices(entry["gpus"], where)
+    raise PlanError(f"{where}: expected a GPU count or {{gpus: '0-3'}}, got {entry!r}")
+
+
+def burst_from_dict(data: dict[str, Any], where: str, common: dict[str, Any]) -> Plan:
+    """The burst form of a plan file (see the module docstring); `common` holds model, cluster, nodes and note."""
+    other = sorted(set(data) - _FILE_KEYS)
+    if other:
+        raise PlanError(f"{where}: {other[0]} does not apply to a burst plan (keys: {', '.join(sorted(_FILE_KEYS))})")
+    batch = data.get("batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise PlanError(f"{where}: a burst plan needs batch: the samples per iteration (a positive integer), got "
+                        f"{batch!r}")  # fmt: skip
+    check_batch(batch, f"{where}: batch")
+    if ("counts" in data) == ("layers" in data):
+        raise PlanError(f"{where}: a burst plan gives either counts ('1x3,8x10') or layers (one entry per layer)")
+    if "counts" in data:
+        layouts = [tuple(range(g)) for g in parse_counts(data["counts"], where)]
+    else:
+        raw = data["layers"]
+        if not isinstance(raw, list) or not raw:
+            raise PlanError(f"{where}: layers must be a non-empty list, one GPU count or {{gpus: ...}} per layer")
+        if len(raw) > MAX_LAYERS:
+            raise PlanError(f"{where}: {len(raw):,} layers is above the limit of {MAX_LAYERS:,}")
+        layouts = [_layer_devices(entry, f"{where} layer {i}") for i, entry in enumerate(raw)]
+    grad_sync = data.get("grad_sync", "bulk")
+    if not isinstance(grad_sync, str):
+        raise PlanError(f"{where}: grad_sync must be a string, got {grad_sync!r}")
+    try:
+        return Plan(burst=tuple(layouts), micro_batch_size=batch, grad_sync=grad_sync, **common)
+    except DistsimError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+
+
+def burst_to_dict(plan: Plan) -> dict[str, object]:
+    """A burst plan's file form: ``counts`` when every layer runs on GPUs 0..g-1, else ``layers``."""
+    out: dict[str, object] = {"kind": "burst", "model": plan.model, "cluster": plan.cluster}
+    if plan.nodes is not None:
+        out["nodes"] = plan.nodes
+    out["batch"] = plan.micro_batch_size
+    if plan.grad_sync != "bulk":
+        out["grad_sync"] = plan.grad_sync
+    if all(d == tuple(range(len(d))) for d in plan.burst):
+        out["counts"] = format_counts([len(d) for d in plan.burst])
+    else:
+        out["layers"] = [len(d) if d == tuple(range(len(d))) else {"gpus": format_devices(d)} for d in plan.burst]
+    if plan.note:
+        out["note"] = dict(plan.note)
+    return out

@@ -1,0 +1,392 @@
+"""Public entry point: simulate one training iteration and collect everything users look at."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
+from distsim.core.models.graph import Model
+from distsim.core.strategy import Strategy
+from distsim.plans.plan import Plan
+from distsim.sim import engine
+from distsim.sim.costs import AnalyticCosts, CostSource
+from distsim.sim.flow.events import EventFlow, FlowOptions
+from distsim.sim.flow.uniform import build_flow, estimate_tasks
+from distsim.sim.memory import MemoryEstimate, burst_memory, estimate_memory
+from distsim.sim.timeline import GPUStats, Timeline, flow_stats, from_flow
+
+
+@dataclass
+class SimResult:
+    """One simulated iteration: timeline of the simulated GPUs, metrics, memory, and where every cost came from."""
+
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    options: FlowOptions
+    flow: EventFlow = field(repr=False)
+    tasks: engine.EngineResult = field(repr=False)
+    """Start and end of every task of the flow (index = task id)."""
+    memory: list[MemoryEstimate]
+    cost_source: str
+    wall_time_s: float
+    """Seconds the simulation itself took (building the event flow and running it; the timeline is built when first
+    asked for)."""
+    sampled_iteration_s: list[float] | None = None
+    """Stochastic simulation: the iteration time of every sampled run (sorted); None when deterministic."""
+    plan: Plan | None = None
+    """The stages or burst plan simulated (its ``strategy`` is then the schedule-level view: pp = stages, dp = 1;
+    one stage for a burst plan)."""
+
+    # ------------------------------------------------------------------------------------------------ metrics
+    @property
+    def iteration_time_s(self) -> float:
+        """The iteration time; with stochastic simulation the median over the sampled runs."""
+        if self.sampled_iteration_s:
+            return float(np.median(self.sampled_iteration_s))
+        return self._stats[0]
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """The simulated GPUs' timeline (built when first asked for: a grid search needs only the metrics)."""
+        return from_flow(self.flow, self.tasks.start_s, self.tasks.end_s)
+
+    @cached_property
+    def _stats(self) -> tuple[float, list[GPUStats]]:
+        return flow_stats(self.flow, self.tasks.start_s, self.tasks.end_s)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the iteration runs on."""
+        return sum(len(v) for v in self.flow.represents.values())
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size if self.plan is not None else self.strategy.global_batch_size
+
+    @property
+    def label(self) -> str:
+        """The strategy (``2M4P2D``) or the plan in DAPPLE's notation (``15:1 split 13:11``)."""
+        return self.plan.notation() if self.plan is not None else str(self.strategy)
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        t = self.iteration_time_s
+        return self.global_batch_size / t if t > 0 else float("inf")
+
+    @property
+    def throughput_tokens_per_s(self) -> float | None:
+        if self.model.seq_len is None:
+            return None
+        return self.throughput_samples_per_s * self.model.seq_len
+
+    @property
+    def per_gpu(self) -> list[GPUStats]:
+        """Busy compute, communication, exposed communication and idle seconds of every GPU."""
+        return self._stats[1]
+
+    @property
+    def bubble_fraction(self) -> float:
+        t = self.iteration_time_s
+        stats = self.per_gpu
+        return sum(s.idle_s for s in stats) / (len(stats) * t) if t > 0 and stats else 0.0
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Mean over GPUs of the communication time not hidden behind compute."""
+        stats = self.per_gpu
+        return sum(s.exposed_comm_s for s in stats) / len(stats) if stats else 0.0
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(m.total_bytes for m in self.memory)
+
+    @property
+    def fits_in_memory(self) -> bool:
+        return all(m.fits for m in self.memory)
+
+    @property
+    def events_total(self) -> int:
+        return self.flow.events_total
+
+    @property
+    def events_unique(self) -> int:
+        return self.flow.events_unique
+
+    def cost_table(self) -> pd.DataFrame:
+        """Every distinct event: key, kind, seconds and source (given, measured, fitted, scaled, analytic)."""
+        f = self.flow
+        return pd.DataFrame(
+            {
+                "event": f.keys,
+                "kind": f.key_kinds,
+                "seconds": [c.seconds for c in f.key_costs],
+                "source": [c.source for c in f.key_costs],
+            }
+        )
+
+    def source_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for c in self.flow.key_costs:
+            counts[c.source] = counts.get(c.source, 0) + 1
+        return counts
+
+    def full_timeline(self) -> Timeline:
+        """The timeline with rows for every GPU (expands symmetric simulations)."""
+        return self.timeline.expand()
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.strategy
+        return {
+            "model": self.model.name,
+            "cluster": self.cluster.name,
+            "strategy": self.label,
+            "strategy_detail": s.describe() if self.plan is None else _plan_detail(self.plan),
+            "gpus": self.num_gpus,
+            "global_batch_size": self.global_batch_size,
+            "iteration_time_s": self.iteration_time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "bubble_fraction": self.bubble_fraction,
+            "exposed_comm_s": self.exposed_comm_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.cluster.gpu.memory_bytes,
+            "fits_in_memory": self.fits_in_memory,
+            "memory_per_rank": [m.to_dict() for m in self.memory],
+            "events_total": self.events_total,
+            "events_unique": self.events_unique,
+            "event_sources": self.source_counts(),
+            "estimated_events": [
+                k for k, c in zip(self.flow.keys, self.flow.key_costs, strict=True) if c.source == "analytic"
+            ]
+            if self.cost_source == "profile"
+            else [],
+            "cost_source": self.cost_source,
+            "symmetric": self.flow.symmetric,
+            "simulated_gpus": len(self.flow.represents),
+            "stage_layers": [end - start for start, end in self.flow.stage_ranges],
+            "simulation_wall_time_s": self.wall_time_s,
+            "samples": len(self.sampled_iteration_s) if self.sampled_iteration_s else 0,
+            "iteration_time_p10_s": float(np.percentile(self.sampled_iteration_s, 10))
+            if self.sampled_iteration_s
+            else None,
+            "iteration_time_p90_s": float(np.percentile(self.sampled_iteration_s, 90))
+            if self.sampled_iteration_s
+            else None,
+            "per_gpu": [g.to_dict() for g in self.per_gpu],
+        }
+
+
+def _plan_detail(plan: Plan) -> str:
+    return PLAN_SIMULATORS[plan.kind].detail(plan)
+
+
+@dataclass(frozen=True)
+class PlanKind:
+    """How :func:`simulate` handles one kind of plan (a uniform plan is simulated from its strategy): its event-flow
+    builder, its task count before building, its memory per GPU (or pipeline rank) and a one-line description."""
+
+    build: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], EventFlow]
+    estimate: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], int]
+    memory: Callable[[Model, Cluster, Plan, EventFlow], list[MemoryEstimate]]
+    detail: Callable[[Plan], str]
+
+
+def _stages_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
+    from distsim.plans.stages_flow import build_plan_flow
+
+    return build_plan_flow(model, cluster, plan, costs, options)
+
+
+def _stages_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
+    from distsim.plans.stages_flow import estimate_plan_tasks
+
+    return estimate_plan_tasks(model, cluster, plan, costs, options)
+
+
+def _stages_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
+    samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
+    return estimate_memory(model, flow.strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes, samples)
+
+
+def _stages_detail(plan: Plan) -> str:
+    stages = "; ".join(f"layers {a}-{b - 1} on {len(st.devices)} GPU(s)" for st in plan.stages for a, b in [st.layers])
+    return f"mbs={plan.micro_batch_size} mb={plan.micro_batches} schedule={plan.schedule}: {stages}"
+
+
+def _burst_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
+    from distsim.plans.burst_flow import build_burst_flow
+
+    return build_burst_flow(model, cluster, plan, costs, options)
+
+
+def _burst_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
+    from distsim.plans.burst_flow import estimate_burst_tasks
+
+    return estimate_burst_tasks(model, cluster, plan, costs, options)
+
+
+def _burst_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
+    return burst_memory(model, plan.burst, plan.micro_batch_size, cluster.gpu.memory_bytes)
+
+
+def _burst_detail(plan: Plan) -> str:
+    from distsim.plans.burst_form import describe_layouts
+
+    return f"batch={plan.micro_batch_size} grad_sync={plan.grad_sync}: {describe_layouts(plan.burst)}"
+
+
+PLAN_SIMULATORS: dict[str, PlanKind] = {
+    "stages": PlanKind(_stages_build, _stages_estimate, _stages_memory, _stages_detail),
+    "burst": PlanKind(_burst_build, _burst_estimate, _burst_memory, _burst_detail),
+}
+"""Plan kind -> how it is simulated (:data:`distsim.plans.plan.PLAN_KINDS` but uniform, which is its strategy)."""
+
+
+DEFAULT_MAX_TASKS = 5_000_000
+"""Most tasks one simulate() call may run (tasks of the event flow times the runs: 1, or ``samples``); above it the
+call is refused before anything is built. Measured on this project's machine (AMD EPYC, 2 cores; peak RSS from
+``/usr/bin/time``, the slope between two sizes): a deterministic run costs 530-700 bytes and 8-11 us per task
+(gpt2-345m on distsim-testbed, 2M4P2D: M=10,000 is 2.05 M tasks, 1.17 GB, 23 s; M=40,000 is 8.2 M tasks, 4.3 GB,
+84 s; 8M2P1D with every GPU simulated, whose collectives span 8 GPUs: 690 bytes, 8 us), each further stochastic run
+about 2.5 us per task and no memory. So an allowed run stays under about 3.5 GB and a minute; ``max_tasks`` raises
+the limit (the CLI's ``--max-tasks``)."""
+
+
+class SimulationTooLarge(DistsimError):
+    """A simulation that would run more tasks than the limit it was given."""
+
+
+def estimate_size(
+    model: Model,
+    cluster: Cluster,
+    strategy: Strategy | Plan,
+    costs: CostSource | None = None,
+    options: FlowOptions | None = None,
+    samples: int = 0,
+) -> tuple[int, int]:
+    """(tasks of the event flow, runs) that :func:`simulate` with these arguments would execute, computed from the
+    strategy or plan and the model without building anything (the strategy is validated on the way)."""
+    costs = costs if costs is not None else AnalyticCosts(cluster)
+    options, target = _resolve(strategy, options or FlowOptions(), samples)
+    if isinstance(target, Plan):
+        tasks = PLAN_SIMULATORS[target.kind].estimate(model, cluster, target, costs, replace(options, symmetric=False))
+    else:
+        tasks = estimate_tasks(model, cluster, target, costs, options)
+    return tasks, max(1, samples)
+
+
+def _resolve(strategy: Strategy | Plan, options: FlowOptions, samples: int) -> tuple[FlowOptions, Strategy | Plan]:
+    """Stochastic runs simulate every GPU; a uniform plan is its strategy."""
+    if samples > 0:
+        options = replace(options, symmetric=False, exact_host=True)  # sampled durations: every launch constraint
+    if isinstance(strategy, Plan) and strategy.strategy is not None:
+        return options, strategy.strategy
+    return options, strategy
+
+
+def check_size(tasks: int, runs: int, max_tasks: int | None) -> None:
+    """Refuse (one line: the estimate, the limit, how to lift it) a simulation of more than `max_tasks` tasks."""
+    if max_tasks is None or tasks * runs <= max_tasks:
+        return
+    if runs > 1:
+        what = f"about {tasks * runs:,} tasks ({tasks:,} per run x {runs:,} samples)"
+        fix = "use fewer --samples"
+    else:
+        what = f"about {tasks:,} tasks"
+        fix = "use fewer micro-batches"
+    raise SimulationTooLarge(
+        f"this simulation would run {what}, above the limit of {max_tasks:,}; {fix}, or raise the limit with "
+        "--max-tasks (max_tasks= in Python)"
+    )
+
+
+def simulate(
+    model: Model,
+    cluster: Cluster,
+    strategy: Strategy | Plan,
+    costs: CostSource | None = None,
+    options: FlowOptions | None = None,
+    samples: int = 0,
+    seed: int = 0,
+    max_tasks: int | None = DEFAULT_MAX_TASKS,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Predict one training iteration of `model` on `cluster` under `strategy` (or a :class:`~distsim.plans.plan.Plan`,
+    whose stages may differ in layers and replicas).
+
+    `costs` defaults to the analytic estimate from the cluster's figures; pass ``ProfileCosts`` to use a profile.
+
+    With ``samples > 0`` the simulation is stochastic: every GPU is simulated (independent noise breaks symmetry),
+    each run draws every measured event's duration from its measured repetitions, and the result is the median
+    iteration time over the runs with the expected timeline (the mean start and end of every event). Ranks that
+    synchronise wait for the slowest, so the expected iteration is longer than the iteration of expected durations
+    (Jensen's inequality on max); the deterministic mode computes the latter.
+
+    Before building anything, the tasks the simulation would run (see :func:`estimate_size`) are checked against
+    `max_tasks` (None: no limit); beyond it :class:`SimulationTooLarge` says by how much. `progress`, if given, is
+    called as ``progress(done, samples)`` after each stochastic run.
+    """
+    t0 = time.perf_counter()
+    costs = costs if costs is not None else AnalyticCosts(cluster)
+    options = options or FlowOptions()
+    check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
+    with engine.paused_gc():  # see there: halves the build of a large flow
+        options, target = _resolve(strategy, options, samples)
+        plan = target if isinstance(target, Plan) else None
+        if plan is not None:
+            flow = PLAN_SIMULATORS[plan.kind].build(model, cluster, plan, costs, replace(options, symmetric=False))
+            strategy = flow.strategy
+        else:
+            assert isinstance(target, Strategy)
+            strategy = target
+            flow = build_flow(model, cluster, strategy, costs, options)
+        sampled: list[float] | None = None
+        if samples > 0:
+            result, sampled = _stochastic(flow, samples, seed, progress)
+        else:
+            result = engine.run(flow.duration_s, flow.deps, flow.releases)
+    if plan is not None:
+        memory = PLAN_SIMULATORS[plan.kind].memory(model, cluster, plan, flow)
+    else:
+        memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
+    elapsed = time.perf_counter() - t0
+    return SimResult(model, cluster, strategy, options, flow, result, memory, costs.name, elapsed,
+                     sorted(sampled) if sampled else None, plan)  # fmt: skip
+
+
+def _stochastic(
+    flow: EventFlow, samples: int, seed: int, progress: Callable[[int, int], None] | None = None
+) -> tuple[engine.EngineResult, list[float]]:
+    """Run the flow `samples` times with durations drawn from the measured repetitions of each event."""
+    rng = np.random.default_rng(seed)
+    base = np.asarray(flow.duration_s, dtype=float)
+    keys = np.asarray(flow.key, dtype=np.int64)
+    draws: list[tuple[np.ndarray, np.ndarray]] = []  # (tasks of a key, relative durations of its repetitions)
+    for k, cost in enumerate(flow.key_costs):
+        if cost.samples and cost.seconds > 0:
+            tasks = np.flatnonzero(keys == k)
+            if len(tasks):
+                draws.append((tasks, np.asarray(cost.samples, dtype=float) / np.mean(cost.samples)))
+    start_sum = np.zeros(len(base))
+    end_sum = np.zeros(len(base))
+    makespans = []
+    for _ in range(samples):
+        durations = base.copy()
+        for tasks, relative in draws:
+            durations[tasks] *= relative[rng.integers(len(relative), size=len(tasks))]
+        run = engine.run(durations.tolist(), flow.deps, flow.releases)
+        start_sum += run.start_s
+        end_sum += run.end_s
+        makespans.append(run.makespan_s)
+        if progress is not None:
+            progress(len(makespans), samples)
+    return engine.EngineResult((start_sum / samples).tolist(), (end_sum / samples).tolist()), makespans

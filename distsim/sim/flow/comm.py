@@ -1,0 +1,259 @@
+"""Placing communication in an event flow: streams and link queues, p2p transfers, data-parallel collectives
+(gradient all-reduces or reduce-scatters, ZeRO's parameter all-gathers) with their overlap shadows, and the optimizer
+step after them. Both flow builders (:mod:`distsim.sim.flow.uniform` and :mod:`distsim.plans.stages_flow`) emit
+through it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Model
+from distsim.core.placement import CommInstance
+from distsim.core.strategy import Strategy
+from distsim.core.sync import SHARDINGS, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
+from distsim.sim.costs import CommEvent, ComputeEvent, CostSource, optimizer_key
+from distsim.sim.flow.events import (
+    K_DP,
+    K_LAUNCH,
+    K_OPT,
+    K_P2P,
+    K_SHADOW,
+    S_COMPUTE,
+    S_DP,
+    S_GATHER,
+    S_HOST,
+    S_LINK_INTER,
+    S_LINK_INTRA,
+    S_P2P,
+    EventFlow,
+    FlowOptions,
+    StageOp,
+)
+
+
+class CommWriter:
+    """What every flow builder needs to place communication: streams, link queues and measured interference."""
+
+    def __init__(self, flow: EventFlow, costs: CostSource, options: FlowOptions):
+        self.flow, self.costs, self.options = flow, costs, options
+        self.serialize = options.link_sharing == "serialize"
+        self.host = models_host(options, flow.model, flow.cluster, flow.strategy, costs)
+        """Model each simulated GPU's host enqueuing its kernels (see :meth:`launch`)."""
+        self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
+        self._bucket_names: dict[int, dict[Bucket, str]] = {}  # id(Lowered) -> names
+        self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce (or reduce-scatter) task
+        self.sharding = SHARDINGS[flow.strategy.optimizer_sharding]
+        self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
+
+    def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
+        if self.serialize:
+            stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
+        return tuple((g, stream) for g in gpus)
+
+    def overlapped(self, dur: float, scope: str) -> tuple[float, float]:
+        """(duration, shadow) of a transfer that overlaps compute, from the measured interference of its scope."""
+        c, k = self.costs.interference(scope)
+        longer = dur * (1 + k)
+        return longer, longer * c / (1 + c)
+
+    def shadow(self, seconds: float, gpus: tuple[int, ...], deps: list[int], stage: int, mb: int, key: int) -> None:
+        if seconds <= 0:
+            return
+        for g in gpus:
+            if g in self.speed:
+                self.flow.add(seconds, ((g, S_COMPUTE),), K_SHADOW, "overlapped communication", -1, stage, mb, key,
+                              list(deps))  # fmt: skip
+
+    def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int) -> int:
+        """One activation or gradient transfer between two GPUs after the sender's task `dep`; returns its task."""
+        flow = self.flow
+        known = (nbytes, inst.scope, inst.sharers)
+        priced = self._p2p.get(known)
+        if priced is None:
+            ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
+            cost = self.costs.comm(ev)
+            dur, shadow = cost.seconds, 0.0
+            if not self.options.p2p_blocking:
+                dur, shadow = self.overlapped(cost.seconds, inst.scope)
+            priced = self._p2p[known] = (flow.intern(ev.key, cost, "p2p"), dur, shadow)
+        key, dur, shadow = priced
+        src = inst.gpus[0]
+        # with serialize the transfer holds the link at both ends
+        slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else ((src, S_P2P),)
+        if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
+            slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
+        tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        self.shadow(shadow, (src,), [dep], src_vs, mb, key)
+        return tid
+
+    def allreduce(
+        self, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int, deps: list[int], overlap: bool
+    ) -> int:
+        """A gradient all-reduce over `inst.gpus` after `deps`; `overlap`: backward still runs while it is in flight."""
+        return self.dp_collective("all_reduce", inst, nbytes, name, layer, stage, deps, overlap)
+
+    def dp_collective(self, collective: str, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int,
+                      deps: list[int], overlap: bool, mb: int = -1, gradients: bool = True) -> int:  # fmt: skip
+        """A collective over a data-parallel group `inst.gpus` after `deps`; `overlap`: compute still runs while it
+        is in flight. Gradients go on the ``dp`` stream (the optimizer step waits for the last of them), parameter
+        all-gathers on the ``gather`` stream (FSDP runs them beside the reduce-scatters)."""
+        flow = self.flow
+        ev = CommEvent(collective, nbytes, len(inst.gpus), inst.scope, inst.sharers)
+        cost = self.costs.comm(ev)
+        key = flow.intern(ev.key, cost, "dp_" + collective.replace("_", ""))
+        members = tuple(g for g in inst.gpus if g in self.speed)
+        dur, shadow = cost.seconds, 0.0
+        if overlap:
+            dur, shadow = self.overlapped(cost.seconds, inst.scope)
+        slots = self.comm_slots(S_DP if gradients else S_GATHER, inst.scope, members)
+        tid = flow.add(dur, slots, K_DP, name, layer, stage, mb, key, list(deps))
+        self.shadow(shadow, members, list(deps), stage, mb, key)
+        if gradients:
+            self.last_dp.update(dict.fromkeys(members, tid))
+        return tid
+
+    def param_bytes(self, grad_bytes: int) -> int:
+        """Bytes of the parameters whose gradients take `grad_bytes` (what a ZeRO all-gather moves)."""
+        precision = self.flow.model.precision
+        return round(grad_bytes * precision.param_bytes / precision.grad_bytes)
+
+    def gather_after_step(self, lowered: Lowered, rank: int, instances: Sequence[CommInstance],
+                          steps: dict[int, int], stage: int) -> None:  # fmt: skip
+        """ZeRO-1/2: each bucket's parameters all-gathered over the data-parallel group once every member's optimizer
+        step (`steps`: gpu -> task) updated its 1/d, one all-gather per bucket and instance (tp rank)."""
+        for bucket in lowered.gathers:
+            name = gather_name(self.bucket_name(lowered, bucket, rank))
+            layer = -1 if bucket.ready is None else bucket.ready
+            for inst in instances:
+                deps = [steps[g] for g in inst.gpus if g in steps]
+                self.dp_collective("all_gather", inst, self.param_bytes(bucket.nbytes), name, layer, stage, deps,
+                                   False, gradients=False)  # fmt: skip
+
+    def layer_param_bytes(self, held: set[int], tp: int) -> dict[int, int]:
+        """Bytes of each held layer's parameters (one tp shard) that ZeRO-3 all-gathers before using them."""
+        model = self.flow.model
+        return {i: round(model.stored_params(i, held, tp) * model.precision.param_bytes) for i in held}
+
+    def sync_context(
+        self, held: set[int], tp: int, inst: CommInstance, backward_s: dict[int, float], chunk: dict[int, int]
+    ) -> SyncContext:
+        """A data-parallel rank holding layers `held` (tp shard `tp`, layer -> model chunk in `chunk`), whose
+        gradients are all-reduced over `inst`, as :mod:`distsim.core.sync` sees it."""
+        model, strategy = self.flow.model, self.flow.strategy
+        grad_bytes = model.precision.grad_bytes
+        units = tuple(
+            GradUnit(
+                i, tensor_bytes(model.stored_tensors(i, held, tp), grad_bytes), backward_s.get(i, 0.0), chunk.get(i, 0)
+            )
+            for i in sorted(held, reverse=True)
+        )
+        n, scope, sharers = len(inst.gpus), inst.scope, inst.sharers
+        collective = self.sharding.gradients  # what the buckets will go through: planners weigh its cost
+
+        def allreduce_s(nbytes: int) -> float:
+            return self.costs.comm(CommEvent(collective, nbytes, n, scope, sharers)).seconds
+
+        db = getattr(self.costs, "db", None)  # a profile's alpha-beta fit of this collective, where it has one
+        found = db.fit(collective, scope, n) if db is not None else None
+        fit = (found.alpha_s, found.beta_s_per_byte) if found is not None else None
+        settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
+        return SyncContext(units, allreduce_s, fit, settings)
+
+    def bucket_name(self, lowered: Lowered, bucket: Bucket, rank: int) -> str:
+        """The all-reduce's event name (:func:`bucket_names`)."""
+        names = self._bucket_names.get(id(lowered))
+        if names is None:
+            names = self._bucket_names[id(lowered)] = bucket_names(self.flow.model, lowered.buckets, rank)
+        return names[bucket]
+
+    def optimizer_step(self, stage: int, shard_params: float, gpus: list[int]) -> dict[int, int]:
+        """The optimizer step of `shard_params` parameters on each GPU, after its last gradient all-reduce; returns
+        gpu -> its step's task. With the host modelled, the host waits for the gradients first (a synchronisation
+        point: the step reads them, e.g. for the gradient norm or an overflow check) and then enqueues the step's
+        kernels."""
+        out: dict[int, int] = {}
+        if shard_params <= 0:
+            return out
+        flow = self.flow
+        state = flow.model.precision.state_bytes_per_param
+        cost = self.costs.optimizer(shard_params, state)
+        key = flow.intern(optimizer_key(shard_params, state), cost, "optimizer")
+        for g in gpus:
+            deps = [self.last_dp[g]] if g in self.last_dp else []
+            host = None
+            if self.host:
+                waits = list(deps)
+                if not waits and (g, S_COMPUTE) in flow._last:  # no gradient all-reduce: the last backward
+                    waits = [flow._last[(g, S_COMPUTE)]]
+                launch = cost.launch_s or flow.cluster.gpu.kernel_launch_s
+                host = self.launch(g, launch, waits, stage, -1, "launch optimizer step")
+            tid = flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1,
+                           key, deps)  # fmt: skip
+            if host is not None:
+                flow.release(host, tid, flow.duration_s[host])
+            out[g] = tid
+        return out
+
+    def launch(self, g: int, seconds: float, waits: list[int], stage: int, mb: int, name: str) -> int:
+        """The host of GPU g enqueuing `seconds` worth of kernel launches, in program order after its previous
+        launches and after the tasks it `waits` for (a receive whose data it needs, the gradients before the
+        optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
+        """
+        return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+
+
+def prefetch_gates(ops: Sequence[StageOp]) -> dict[int, int]:
+    """ZeRO-3's parameter all-gathers in one action's template, with FSDP's prefetch: the index of the op that
+    starts each layer -> the index of the op whose end that layer's all-gather waits for (-1: the action's inputs).
+
+    FSDP issues the next layer's all-gather when the current layer starts computing (forward prefetch, and
+    ``BackwardPrefetch.BACKWARD_PRE``; its rate limiter keeps at most two all-gathers ahead), so it overlaps the
+    current layer's compute. The current layer starts once the layer before it is done; so the all-gather of an
+    action's k-th layer waits for the end of the (k-2)-th, the first two for what the action waits for. The
+    all-gathers run in order on their stream, and each layer's first op waits for its own."""
+    starts = [i for i in range(len(ops)) if i == 0 or ops[i].layer != ops[i - 1].layer]
+    return {s: (starts[k - 1] - 1 if k >= 2 else -1) for k, s in enumerate(starts)}
+
+
+def bucket_names(model: Model, buckets: Sequence[Bucket], rank: int) -> dict[Bucket, str]:
+    """A rank's gradient buckets' all-reduces as the simulator and the executor name them: ``grads rank R`` (after
+    backward, R the pipeline rank), ``grads LAYER`` (one layer's gradients) or ``grads FIRST..LAST`` (the layers it
+    carries, in backward order); when DDP splits a layer over buckets, the second and later buckets of the same name
+    get ``#2``, ``#3`` (names stay unique, in issue order)."""
+    out: dict[Bucket, str] = {}
+    seen: dict[str, int] = {}
+    layers = model.layers
+    for bucket in buckets:
+        if bucket.ready is None:
+            name = f"grads rank {rank}"
+        else:
+            first, last = bucket.layers[0], bucket.layers[-1]
+            name = (
+                f"grads {layers[first].name}" if first == last else f"grads {layers[first].name}..{layers[last].name}"
+            )
+        seen[name] = seen.get(name, 0) + 1
+        out[bucket] = name if seen[name] == 1 else f"{name} #{seen[name]}"
+    return out
+
+
+def gather_name(bucket_name: str) -> str:
+    """The name of a ZeRO-1/2 bucket's parameter all-gather, from its gradient bucket's (``grads X`` ->
+    ``params X``), as the simulator and the executor name it."""
+    return "params" + bucket_name.removeprefix("grads")
+
+
+def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:
+    """Whether the flow models the hosts (``options.host``; by default when kernels cost host time to launch: the
+    cluster's GPU has a launch cost, or the cost source gives one, as a profile that measured it, for the model's
+    first block)."""
+    if options.host is not None:
+        return options.host
+    if cluster.gpu.kernel_launch_s > 0:
+        return True
+    layer = next((layer for layer in model.layers if layer.blocks), None)
+    if layer is None:
+        return False
+    event = ComputeEvent(layer.blocks[0], "F", strategy.micro_batch_size, strategy.tp, model.precision.name)
+    return costs.compute(event).launch_s > 0

@@ -1,0 +1,339 @@
+"""Event flow: the task DAG of one training iteration, built hierarchically as in DistSim Sec. 4.3.
+
+1. **Tensor (model) parallelism** maps every block of a layer to a compute event followed, when tp > 1, by an
+   all-reduce over the tp group (forward and backward), or with sequence parallelism surrounded by an all-gather and
+   a reduce-scatter; activation recomputation then rewrites a layer's backward: :mod:`distsim.sim.flow.templates`.
+2. **Pipeline parallelism** walks the schedule (DistSim Algorithm 1): each (stage, F/B, micro-batch) action expands
+   to its stage's events; a forward waits for the previous stage's activation transfer, a backward for the next
+   stage's gradient transfer; after an action the result is sent to the neighbour. A send is *non-blocking* by
+   default (a pure delay on the sender's p2p stream) or, with ``p2p_blocking``, occupies the sender's compute stream
+   as Algorithm 1 puts it in the device's event list.
+3. **Data parallelism** replicates the pipeline and adds gradient synchronisation: one bulk all-reduce of the
+   stage's gradients after the last backward (DistSim), or one all-reduce per layer issued as soon as that layer's
+   last backward finishes and overlapped with the rest of backward (WFBP), or gradient buckets as the modes of
+   :mod:`distsim.core.sync` lower them, reduce-scattered instead with a sharded optimizer (ZeRO). The optimizer step
+   follows, and with ZeRO the parameters' all-gathers (after the step, or before each layer's forward and backward).
+
+Every task occupies one or more *slots*, an in-order stream of one GPU, like a CUDA stream; a collective is one task
+on all its members, so it starts when every member is ready. Tasks are emitted in a global topological order (the
+unit-time order of the schedule), and each stream serves its tasks in that order, so every wait points to an earlier
+task: the flow cannot deadlock, and with fixed orders the iteration time is a max-plus function of the durations
+(more bandwidth or faster compute never makes it longer).
+
+**Link sharing.** ``structural`` (default): communication runs on the ``tp``, ``p2p`` and ``dp`` streams and shares
+links only as the cost model says (k symmetric flows leaving a node at once split its NICs); traffic of different
+kinds overlaps freely, an optimistic bound. ``serialize``: all communication of one scope on a GPU (a p2p transfer on
+both its ends) goes through one in-order queue per link class, ``link:intra`` and ``link:inter``, in emission order:
+p2p and collective traffic take turns on the link, a pessimistic bound. First-come arbitration is deliberately not
+offered: it admits Graham-type anomalies where faster compute slows the iteration.
+
+**Overlap interference.** Communication that overlaps compute on the same GPU is not free: on CPUs the rank's
+cores run the TCP stack and the reductions, on GPUs NCCL kernels take SMs. A profile measures, per scope, how much
+compute slows while an all-reduce runs (c) and how much the all-reduce slows while compute runs (k). Overlappable
+transfers (a WFBP layer all-reduce other than a rank's last, a non-blocking send) then take (1 + k) times as long
+and put a *shadow* task of c / (1 + c) of that time on their GPUs' compute streams, in emission order: where compute
+is running it is delayed by that share, where the stream idles it costs nothing. Without measurements c = k = 0.
+
+**Symmetry.** Replicas and tensor-parallel peers of a pipeline rank do identical work when their GPUs are equally
+fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
+simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
+
+This module holds the flow's types; :mod:`distsim.sim.flow.templates` builds the tensor-parallel level (stage
+templates),
+:mod:`distsim.sim.flow.uniform` the flow of a strategy (pipeline and data-parallel levels),
+:mod:`distsim.plans.stages_flow`
+the flow of a stages plan, and :mod:`distsim.sim.flow.comm` places the communication both emit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import accumulate
+
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Model
+from distsim.core.partition import balanced_partition, ranges
+from distsim.core.placement import Placement
+from distsim.core.schedules import Schedule
+from distsim.core.strategy import Strategy
+from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource
+
+STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
+KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch",
+         "recompute")  # fmt: skip
+COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer", "recompute"})
+S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST, S_GATHER = range(8)
+"""S_GATHER: the parameter all-gathers of a sharded optimizer (ZeRO), on a stream of their own as FSDP runs them
+beside the gradient reduce-scatters."""
+LINK_SHARING = ("structural", "serialize")
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH, K_RECOMPUTE = range(9)
+"""K_TP: a collective over the tensor-parallel group (an all-reduce; a reduce-scatter or all-gather with sequence
+parallelism); K_DP: one over the data-parallel group (a gradient all-reduce or reduce-scatter, a tied copies'
+all-reduce, a ZeRO parameter all-gather). The kinds keep their historical names (``tp_allreduce``, ``dp_allreduce``);
+the event key names the collective.
+K_SHADOW: compute-stream time taken by overlapped communication (measured interference); not a timeline row.
+K_LAUNCH: the host enqueuing kernels (the ``host`` stream); a timeline row, but neither compute nor communication.
+K_RECOMPUTE: a forward run again in backward (activation recomputation); compute."""
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    p2p_blocking: bool = False
+    """True: a send occupies the sender's compute stream (DistSim Algorithm 1); False: a pure delay on a p2p stream."""
+    symmetric: bool | None = None
+    """None: exploit symmetry when it holds; False: simulate every GPU; True: require symmetry."""
+    rank_order: str = "tp,dp,pp"
+    """Rank placement, innermost dimension first (Megatron-LM: tensor, then data, then pipeline)."""
+    link_sharing: str = "structural"
+    """``structural``: traffic kinds overlap, NIC shares from the structure; ``serialize``: one queue per link."""
+    host: bool | None = None
+    """Model each GPU's host enqueuing its kernels (a ``host`` stream; a kernel starts no earlier than its launch).
+    None: when kernels cost host time to launch (the cluster's GPU has a launch cost, or the profile measured one)."""
+    exact_host: bool = False
+    """Keep every launch constraint. By default one that the previous kernel of a chain already implies (it runs at
+    least as long as this kernel's launch) is left out, which keeps large models' flows small; stochastic runs, whose
+    durations vary, keep them all."""
+
+    def __post_init__(self) -> None:
+        if self.link_sharing not in LINK_SHARING:
+            from distsim.core.errors import DistsimError
+
+            raise DistsimError(f"link sharing must be one of {', '.join(LINK_SHARING)}, got {self.link_sharing!r}")
+
+
+@dataclass
+class EventFlow:
+    """Tasks as parallel lists (index = task id) plus what the engine and the timeline need."""
+
+    model: Model
+    cluster: Cluster
+    strategy: Strategy
+    schedule: Schedule
+    placement: Placement | None
+    """Rank placement of a uniform strategy; None for a stages plan (its stages list their devices)."""
+    stage_ranges: tuple[tuple[int, int], ...]
+    symmetric: bool
+    represents: dict[int, tuple[int, ...]]
+    """Simulated GPU -> the GPUs it stands for (itself first)."""
+    duration_s: list[float] = field(default_factory=list)
+    deps: list[list[int]] = field(default_factory=list)
+    slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    """(gpu, stream) pairs each task occupies; a timeline row per slot."""
+    kind: list[int] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    layer: list[int] = field(default_factory=list)
+    stage: list[int] = field(default_factory=list)
+    microbatch: list[int] = field(default_factory=list)
+    key: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    key_costs: list[Cost] = field(default_factory=list)
+    key_kinds: list[str] = field(default_factory=list)
+    releases: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after the
+    host task starts (its kernel is enqueued by then)."""
+    _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _key_index: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.duration_s)
+
+    @property
+    def simulated_gpus(self) -> list[int]:
+        return sorted(self.represents)
+
+    def intern(self, key: str, cost: Cost, kind: str) -> int:
+        idx = self._key_index.get(key)
+        if idx is None:
+            idx = self._key_index[key] = len(self.keys)
+            self.keys.append(key)
+            self.key_costs.append(cost)
+            self.key_kinds.append(kind)
+        return idx
+
+    def add(
+        self,
+        dur: float,
+        slots: tuple[tuple[int, int], ...],
+        kind: int,
+        name: str,
+        layer: int,
+        stage: int,
+        mb: int,
+        key: int,
+        deps: list[int],
+    ) -> int:
+        """Append a task; it also waits for the previous task of each (gpu, stream) slot it occupies."""
+        tid = len(self.duration_s)
+        last = self._last
+        for slot in slots:
+            prev = last.get(slot)
+            if prev is not None and prev not in deps:
+                deps.append(prev)
+            last[slot] = tid
+        self.duration_s.append(dur)
+        self.deps.append(deps)
+        self.slots.append(slots)
+        self.kind.append(kind)
+        self.name.append(name)
+        self.layer.append(layer)
+        self.stage.append(stage)
+        self.microbatch.append(mb)
+        self.key.append(key)
+        return tid
+
+    def release(self, host_task: int, task: int, offset_s: float) -> None:
+        """`task` starts no earlier than `offset_s` after `host_task` starts (its kernel's launch ends then)."""
+        self.releases.setdefault(host_task, []).append((task, offset_s))
+
+    def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int,
+                  host: tuple[int, float] | None = None, exact: bool = False) -> int:  # fmt: skip
+        """Append a stage template's ops on one GPU at once, each after the one before: exactly the tasks and
+        dependency lists that :meth:`add` would give op by op (the first op waits for `first_deps`, every later one
+        for the op before it), in a fraction of the time. With `host` = (host task, offset),
+        each op starts no earlier than its launch ends (the chain's launches run back to back from `offset` after
+        the host task's start); a constraint the previous op implies is left out unless `exact`. Returns the last
+        task id."""
+        tid0 = len(self.duration_s)
+        if host is not None:
+            host_task, base = host
+            for i in chain.launch_constrained if not exact else range(len(chain.links)):
+                self.release(host_task, tid0 + i, base + chain.launch_ends[i])
+        last = self._last
+        # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one)
+        new = [[tid0 + a] if b < 0 else [tid0 + a, tid0 + b] for a, b in chain.rel_deps]
+        new[0] = list(first_deps)
+        for i in chain.slot_lookups:  # the first op on a slot in the chain: the slot's last task before it
+            q = last.get(chain.slots[i][0])
+            if q is not None and q not in new[i]:
+                new[i].append(q)
+        self.deps.extend(new)
+        for slot, i in chain.last_on_slot:
+            last[slot] = tid0 + i
+        n = len(chain.links)
+        self.duration_s.extend(chain.durations)
+        self.slots.extend(chain.slots)
+        self.kind.extend(chain.kinds)
+        self.name.extend(chain.names)
+        self.layer.extend(chain.layers)
+        self.stage.extend([stage] * n)
+        self.microbatch.extend([mb] * n)
+        self.key.extend(chain.keys)
+        return tid0 + n - 1
+
+    @property
+    def events_total(self) -> int:
+        """Per-GPU events of the whole cluster (what a full trace would contain)."""
+        weight = {g: len(r) for g, r in self.represents.items()}
+        return sum(weight[g] for slots, k in zip(self.slots, self.kind, strict=True) if k not in (K_SHADOW, K_LAUNCH)
+                   for g, _ in slots)  # fmt: skip
+
+    @property
+    def events_unique(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class StageOp:
+    """One step of a stage's forward or backward template."""
+
+    kind: int
+    dur: float
+    key: int
+    name: str
+    layer: int
+    comm: CommEvent | None = None
+    launch: float = 0.0
+    """Host seconds to enqueue the op's kernels (0: launches not modelled)."""
+
+    def scaled(self, speed: float) -> float:
+        """Its duration on a GPU `speed` times slower: compute stretches, a collective does not."""
+        return self.dur if self.comm is not None else self.dur * speed
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A run of a stage template's ops on one GPU, laid out for :meth:`EventFlow.add_chain`."""
+
+    durations: tuple[float, ...]
+    slots: tuple[tuple[tuple[int, int]], ...]
+    """The one (gpu, stream) slot of each op."""
+    kinds: tuple[int, ...]
+    names: tuple[str, ...]
+    layers: tuple[int, ...]
+    keys: tuple[int, ...]
+    links: tuple[tuple[bool, int], ...]
+    """Per op: (it waits for the chain's first dependencies: the first op; the index in the chain of the previous op
+    on its slot, or -1: the slot's last task before it)."""
+    last_on_slot: tuple[tuple[tuple[int, int], int], ...]
+    """(slot, index of the chain's last op on it)."""
+    launch_ends: tuple[float, ...] = ()
+    """Per op: when its launch ends, from the start of the host task that enqueues the chain (cumulative launches)."""
+    launch_constrained: tuple[int, ...] = ()
+    """Ops whose launch can delay them: the first, and each whose launch outlasts the previous op (whose start is no
+    earlier than its own launch end, so it implies the rest)."""
+
+    @cached_property
+    def rel_deps(self) -> tuple[tuple[int, int], ...]:
+        """:attr:`links` as :meth:`EventFlow.add_chain` uses them, per op: (index of the op before it, index of the
+        previous op on its slot if that is another one, else -1); op 0's entry is a placeholder."""
+        return tuple((i - 1, prev if prev != i - 1 else -1) for i, (_, prev) in enumerate(self.links))
+
+    @cached_property
+    def slot_lookups(self) -> tuple[int, ...]:
+        """Ops that are the first on their slot in the chain (op 0 among them): they wait for the slot's last task."""
+        return tuple(i for i, (_, prev) in enumerate(self.links) if prev < 0)
+
+    @property
+    def launch_s(self) -> float:
+        """Host seconds to enqueue the whole chain."""
+        return self.launch_ends[-1] if self.launch_ends else 0.0
+
+    @classmethod
+    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[int, int]], speed: float) -> Chain:
+        """Ops with their slots; compute durations scaled by the GPU's `speed` factor (as :meth:`action` does). The
+        first op waits for the chain's first dependencies, a compute op or a collective (sequence parallelism's
+        all-gather starts a block)."""
+        seen: dict[tuple[int, int], int] = {}
+        links = []
+        for i, slot in enumerate(slots):
+            links.append((i == 0, seen.get(slot, -1)))
+            seen[slot] = i
+        durations = tuple(op.scaled(speed) for op in ops)
+        ends = tuple(accumulate(op.launch for op in ops))
+        constrained = tuple(i for i in range(len(ops)) if i == 0 or durations[i - 1] < ops[i].launch)
+        return cls(
+            durations=durations,
+            slots=tuple((slot,) for slot in slots),
+            kinds=tuple(op.kind for op in ops),
+            names=tuple(op.name for op in ops),
+            layers=tuple(op.layer for op in ops),
+            keys=tuple(op.key for op in ops),
+            links=tuple(links),
+            last_on_slot=tuple(seen.items()),
+            launch_ends=ends,
+            launch_constrained=constrained,
+        )
+
+
+def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[float]:
+    """Estimated forward + backward seconds per layer at the strategy's micro-batch size and tp degree."""
+    dtype = model.precision.name
+    out = []
+    for layer in model.layers:
+        total = 0.0
+        for block in layer.blocks:
+            for phase in "FB":
+                ev = ComputeEvent(block, phase, strategy.micro_batch_size, strategy.tp, dtype)
+                total += costs.compute(ev).seconds
+        out.append(total)
+    return out
+
+
+def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tuple[tuple[int, int], ...]:
+    """[start, end) layer ranges per virtual stage: the strategy's partition or a compute-balanced one."""
+    counts = strategy.partition
+    if counts is None:
+        counts = balanced_partition(layer_weights(model, strategy, costs), strategy.num_stages)
+    return ranges(counts)

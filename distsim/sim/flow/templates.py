@@ -1,0 +1,151 @@
+"""The tensor-parallel level of the event flow (DistSim Sec. 4.3, first level): a stage's forward and backward as op
+sequences, every block its compute event and, with tp > 1, its collectives over the tp group; then the passes that
+rewrite a layer's backward (activation recomputation, :mod:`distsim.sim.flow.recompute`).
+
+* **Tensor parallelism** (Megatron-LM, Shoeybi et al. 2019, Fig. 3): a block's compute, then an all-reduce of its
+  output in forward (g) and of its input gradient in backward (f's backward), of ``tp_fwd_allreduce_bytes`` and
+  ``tp_bwd_allreduce_bytes`` per sample.
+* **Sequence parallelism** (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5): the layer norms and dropouts between the
+  tensor-parallel regions run on 1/tp of the sequence, and each all-reduce splits into its two halves around the
+  block: f becomes g (an all-gather before the block's forward, a reduce-scatter after its backward) and Megatron's
+  forward all-reduce becomes g-bar (a reduce-scatter after the forward, an all-gather before the backward). Each
+  phase is then all-gather, compute, reduce-scatter, with the same message sizes as the all-reduces they replace, so
+  the ring volume is the same (a ring all-reduce is a reduce-scatter and an all-gather). A block's kernels
+  (``Block.ops``) run their layer norms and dropouts sharded
+  (:func:`distsim.core.models.ops.sequence_parallel_ops`), as an event of its own (``OP+sp``); a block without kernels
+  (a roofline or given time) keeps its cost, and a measured block gets the analytic share
+  (:func:`distsim.sim.costs.share_cost`). The LM head's vocab-parallel cross-entropy all-reduce (three fp32 values per
+  token) is not a sequence-parallel transition in Megatron; here it splits like the others (equal volume).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from distsim.core.models.graph import Block
+from distsim.core.models.ops import sequence_parallel_ops
+from distsim.core.placement import CommInstance
+from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, share_cost
+from distsim.sim.flow.events import K_BWD, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
+from distsim.sim.flow.recompute import MODES, LayerOps, attention_core, recomputed_layers
+
+Collectives = tuple[tuple[str, float], ...]
+
+
+def tp_collectives(block: Block, phase: str, sequence_parallel: bool) -> tuple[Collectives, Collectives]:
+    """(before the block's compute, after it): the tensor-parallel collectives of one phase (``F`` or ``B``) as
+    (collective, bytes per sample), for a block split over tp > 1 ranks."""
+    fwd, bwd = block.tp_fwd_allreduce_bytes, block.tp_bwd_allreduce_bytes
+    own, other = (fwd, bwd) if phase == "F" else (bwd, fwd)
+    if not sequence_parallel:
+        return (), ((("all_reduce", own),) if own > 0 else ())
+    before = (("all_gather", other),) if other > 0 else ()
+    return before, ((("reduce_scatter", own),) if own > 0 else ())
+
+
+def collective_count(block: Block, phase: str, tp: int, sequence_parallel: bool) -> int:
+    """Tensor-parallel collectives of a block in one phase at degree tp (what :func:`stage_templates` emits)."""
+    if tp == 1 or block.tp != "shard":
+        return 0
+    before, after = tp_collectives(block, phase, sequence_parallel)
+    return len(before) + len(after)
+
+
+def sequence_parallel_block(block: Block) -> Block | None:
+    """The block as sequence parallelism runs it (its layer norms and dropouts sharded), an event of its own; None
+    when that changes none of its kernels."""
+    ops = sequence_parallel_ops(block.ops)
+    if ops == block.ops or block.tp != "shard":
+        return None
+    return replace(block, op=f"{block.op}+sp", ops=ops)
+
+
+def derived_blocks(block: Block) -> tuple[Block, ...]:
+    """The blocks the flow derives from `block` and costs as the analytic share of its cost
+    (:func:`distsim.sim.costs.share_cost`): its sequence-parallel form and its attention core, where it has them."""
+    return tuple(b for b in (sequence_parallel_block(block), attention_core(block)) if b is not None)
+
+
+class _Blocks:
+    """Ops of one stage's blocks at a micro-batch size, each block's event costed once per phase."""
+
+    def __init__(self, flow: EventFlow, costs: CostSource, mbs: int, tp_instance: CommInstance | None):
+        self.flow, self.costs, self.mbs, self.inst = flow, costs, mbs, tp_instance
+        strategy = flow.strategy
+        self.tp, self.dtype = strategy.tp, flow.model.precision.name
+        self.sp = strategy.sequence_parallel and strategy.tp > 1
+        self._events: dict[tuple[int, str], tuple[ComputeEvent, Cost]] = {}  # (id of a model's block, phase)
+
+    def event(self, block: Block, phase: str) -> tuple[ComputeEvent, Cost]:
+        """The compute event a block runs (its sequence-parallel form where that differs) and its cost."""
+        known = self._events.get((id(block), phase))
+        if known is not None:
+            return known
+        ev = ComputeEvent(block, phase, self.mbs, self.tp, self.dtype)
+        sp_block = sequence_parallel_block(block) if self.sp else None
+        if sp_block is None:
+            out = ev, self.costs.compute(ev)
+        else:
+            derived = ComputeEvent(sp_block, phase, self.mbs, self.tp, self.dtype)
+            out = derived, share_cost(self.costs, self.flow.cluster.gpu, ev, derived)
+        self._events[(id(block), phase)] = out
+        return out
+
+    def ops(self, li: int, block: Block, phase: str) -> tuple[StageOp, ...]:
+        """The block's compute and, with tp > 1, its collectives in `phase`."""
+        layer = self.flow.model.layers[li]
+        label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
+        ev, cost = self.event(block, phase)
+        key = self.flow.intern(ev.key, cost, "compute")
+        compute = StageOp(K_FWD if phase == "F" else K_BWD, cost.seconds, key, label, li, launch=cost.launch_s)
+        if self.tp == 1 or block.tp != "shard" or self.inst is None:
+            return (compute,)
+        before, after = tp_collectives(block, phase, self.sp)
+        return (*(self.collective(c, b, label, li) for c, b in before), compute,
+                *(self.collective(c, b, label, li) for c, b in after))  # fmt: skip
+
+    def collective(self, collective: str, per_sample: float, label: str, li: int) -> StageOp:
+        assert self.inst is not None
+        cev = CommEvent(collective, round(per_sample * self.mbs), self.tp, self.inst.scope, self.inst.sharers)
+        cost = self.costs.comm(cev)
+        key = self.flow.intern(cev.key, cost, "tp_" + collective.replace("_", ""))
+        launch = cost.launch_s or self.flow.cluster.gpu.kernel_launch_s  # one collective kernel
+        return StageOp(K_TP, cost.seconds, key, label, li, cev, launch)
+
+    def core(self, li: int, block: Block) -> StageOp | None:
+        """Selective recomputation's op for the block: its attention core's forward, or None."""
+        core = attention_core(block)
+        if core is None:
+            return None
+        base, _ = self.event(block, "F")
+        derived = ComputeEvent(core, "F", self.mbs, self.tp, self.dtype)
+        cost = share_cost(self.costs, self.flow.cluster.gpu, base, derived)
+        key = self.flow.intern(derived.key, cost, "compute")
+        layer = self.flow.model.layers[li]
+        label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
+        return StageOp(K_RECOMPUTE, cost.seconds, key, f"{label} core", li, launch=cost.launch_s)
+
+
+def stage_templates(
+    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None
+) -> dict[str, list[StageOp]]:
+    """Forward and backward op sequences of virtual stage vs at `mbs` samples (default: the strategy's micro-batch
+    size); `tp_instance`: the tp group of the GPU they run on (None: no tensor-parallel collectives)."""
+    model, strategy = flow.model, flow.strategy
+    start, end = flow.stage_ranges[vs]
+    blocks = _Blocks(flow, costs, strategy.micro_batch_size if mbs is None else mbs, tp_instance)
+    mode = MODES[strategy.recompute]
+    recomputed = recomputed_layers(model, strategy, (start, end))
+    forward: dict[int, tuple[tuple[StageOp, ...], ...]] = {
+        li: tuple(blocks.ops(li, b, "F") for b in model.layers[li].blocks) for li in range(start, end)
+    }
+    backward: list[StageOp] = []
+    for li in range(end - 1, start - 1, -1):
+        order = tuple(reversed(model.layers[li].blocks))
+        ops = tuple(blocks.ops(li, b, "B") for b in order)
+        if li in recomputed:
+            cores = tuple(blocks.core(li, b) for b in order) if mode.uses_cores else ()
+            backward += mode.backward(LayerOps(li, forward[li], ops, cores))
+        else:
+            backward += [op for part in ops for op in part]
+    return {"F": [op for li in range(start, end) for part in forward[li] for op in part], "B": backward}

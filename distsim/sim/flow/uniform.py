@@ -1,0 +1,530 @@
+"""The event flow of a strategy (tp x pp x dp on a cluster): the pipeline and data-parallel levels of DistSim's
+hierarchical construction (:mod:`distsim.sim.flow.events` has the flow's types, :mod:`distsim.sim.flow.templates` its
+tensor-parallel level).
+
+:func:`build_flow` walks the schedule in unit-time order and emits every action on every simulated replica (one GPU
+per pipeline rank when the replicas are symmetric), then the gradient synchronisation and optimizer step;
+:func:`estimate_tasks` counts the tasks it would emit without building anything. With ZeRO-3 every action also
+all-gathers each layer's parameters before using them (:func:`distsim.sim.flow.comm.prefetch_gates`), emitted op by op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+from distsim.core.cluster import Cluster
+from distsim.core.models.graph import Block, Model
+from distsim.core.partition import rank_layers
+from distsim.core.placement import CommInstance, Placement, parse_order
+from distsim.core.schedules import Action, build_schedule
+from distsim.core.strategy import Strategy, check_strategy
+from distsim.core.sync import (
+    MODES,
+    SHARDINGS,
+    Bucket,
+    GradUnit,
+    Lowered,
+    SyncContext,
+    SyncSettings,
+    lower,
+    tensor_bytes,
+)
+from distsim.sim.costs import CostSource
+from distsim.sim.flow.comm import CommWriter, models_host, prefetch_gates
+from distsim.sim.flow.events import (
+    K_TP,
+    S_COMPUTE,
+    S_TP,
+    Chain,
+    EventFlow,
+    FlowOptions,
+    StageOp,
+    resolve_partition,
+)
+from distsim.sim.flow.recompute import MODES as RECOMPUTE
+from distsim.sim.flow.recompute import eligible_layers, recomputed_layers
+from distsim.sim.flow.templates import collective_count, stage_templates
+
+
+def _symmetry_holds(placement: Placement, strategy: Strategy, cluster: Cluster) -> bool:
+    pp = strategy.pp
+    for r in range(pp):
+        gpus = placement.stage_gpus(r)
+        if len({cluster.speed_factor(g) for g in gpus}) > 1:
+            return False
+        patterns = [placement.tp_groups(r), placement.dp_groups(r)]
+        if pp > 1:
+            patterns += [placement.p2p_pairs(r, (r + 1) % pp), placement.p2p_pairs(r, (r - 1) % pp)]
+            patterns.append(placement.p2p_pairs(0, pp - 1))  # tied embedding copies (first and last rank)
+        for instances in patterns:
+            if len({(i.scope, i.sharers) for i in instances}) > 1:
+                return False
+    return True
+
+
+def build_flow(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> EventFlow:
+    """The full event DAG of one iteration of `strategy` on `cluster`."""
+    options = options or FlowOptions()
+    placement, symmetric = _placement(model, cluster, strategy, options)
+    schedule = build_schedule(strategy)
+    stage_ranges = resolve_partition(model, strategy, costs)
+    grid = placement.grid
+    pp, dp, tp = strategy.pp, strategy.dp, strategy.tp
+    lanes_d = [0] if symmetric else list(range(dp))
+    lanes_t = [0] if symmetric else list(range(tp))
+    represents: dict[int, tuple[int, ...]] = {}
+    for r in range(pp):
+        for d in lanes_d:
+            for t in lanes_t:
+                g = int(grid[r, d, t])
+                represents[g] = (g, *(x for x in placement.stage_gpus(r) if x != g)) if symmetric else (g,)
+    flow = EventFlow(model, cluster, strategy, schedule, placement, stage_ranges, symmetric, represents)
+    _Builder(flow, costs, options, lanes_d, lanes_t).run()
+    return flow
+
+
+def _placement(model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions) -> tuple[Placement, bool]:
+    """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
+    check_strategy(strategy, model, cluster)
+    placement = Placement(strategy, cluster, parse_order(options.rank_order))
+    symmetric = _symmetry_holds(placement, strategy, cluster)
+    if options.symmetric is True and not symmetric:
+        from distsim.core.errors import StrategyError
+
+        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
+    return placement, symmetric and options.symmetric is not False
+
+
+def overlap_shadows(costs: CostSource) -> int:
+    """1 if overlapped transfers put shadow tasks on compute streams (measured interference), else 0."""
+    return int(any(costs.interference(scope)[0] > 0 for scope in ("intra", "inter")))
+
+
+def estimate_tasks(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> int:
+    """How many tasks :func:`build_flow` would emit, counted from the strategy and the model in O(layers) without
+    building anything: exact, or slightly above when some all-reduce moves no bytes (it is then left out)."""
+    options = options or FlowOptions()
+    placement, symmetric = _placement(model, cluster, strategy, options)
+    dl, tl = (1, 1) if symmetric else (strategy.dp, strategy.tp)
+    shadows = overlap_shadows(costs)
+    blocks = [b for layer in model.layers for b in layer.blocks]
+    sp = strategy.sequence_parallel
+    tp_collectives = sum(collective_count(b, ph, strategy.tp, sp) for b in blocks for ph in "FB")
+    sends = 2 * (strategy.num_stages - 1) * tl * (1 + (0 if options.p2p_blocking else shadows))
+    per_micro_batch = dl * (2 * len(blocks) * tl + tp_collectives + sends)
+    stage_ranges = resolve_partition(model, strategy, costs) if strategy.dp > 1 or strategy.recompute != "none" else ()
+    mode = RECOMPUTE[strategy.recompute]
+
+    def count(block: Block, phase: str) -> int:
+        return collective_count(block, phase, strategy.tp, sp)
+
+    eligible = eligible_layers(model, strategy.recompute) if strategy.recompute != "none" else ()
+    for stage_range in stage_ranges if eligible else ():
+        for i in recomputed_layers(model, strategy, stage_range, eligible):
+            compute, collectives = mode.extra_tasks(model.layers[i], count)
+            per_micro_batch += dl * (compute * tl + collectives)  # each micro-batch passes every (virtual) stage once
+    grads = 0
+    sharding = SHARDINGS[strategy.optimizer_sharding]
+    if strategy.dp > 1:
+        for r in range(strategy.pp):
+            held = set(rank_layers(stage_ranges, strategy.pp, r))
+            during, after = bucket_bound(model, strategy, held)
+            grads += tl * (during * (1 + dl * shadows) + after)
+            if sharding.gather_after_step:  # one parameter all-gather per bucket
+                grads += tl * (during + after)
+            if sharding.gather_per_layer:  # every layer with parameters, before each forward and each backward
+                gathered = sum(round(model.stored_params(i, held, strategy.tp) * model.precision.param_bytes) > 0
+                               for i in held)  # fmt: skip
+                for inst in placement.dp_groups(r)[:tl]:  # overlapped: shadows where its scope measured interference
+                    shadow = int(costs.interference(inst.scope)[0] > 0)
+                    grads += strategy.num_micro_batches * 2 * gathered * (1 + dl * shadow)
+    tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
+    optimizer = strategy.pp * dl * tl
+    if models_host(options, model, cluster, strategy, costs):  # a launch per action and per optimizer step
+        per_micro_batch += 2 * strategy.num_stages * dl * tl
+        optimizer *= 2
+    return strategy.num_micro_batches * per_micro_batch + grads + tied + optimizer
+
+
+def merge_groups(
+    model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The merge plan a planned gradient synchronisation (mgwfbp) makes for `strategy`, as the layer ranges a plan
+    file records: every pipeline rank's groups, in layer order."""
+    from distsim.core.sync import MgWfbp
+
+    mode = MODES[strategy.grad_sync]
+    if not isinstance(mode, MgWfbp):
+        raise ValueError(f"grad_sync {strategy.grad_sync} makes no merge plan")
+    options = options or FlowOptions()
+    placement, symmetric = _placement(model, cluster, strategy, options)
+    flow = EventFlow(model, cluster, strategy, build_schedule(strategy), placement,
+                     resolve_partition(model, strategy, costs), symmetric, {})  # fmt: skip
+    builder = _Builder(flow, costs, options, [0], [0])
+    if strategy.dp == 1:
+        return ((0, model.num_layers),)
+    return tuple(sorted(g for r in range(strategy.pp) for g in mode.groups(builder.sync_context_of(r))))
+
+
+class _Builder(CommWriter):
+    """Walks the schedule in unit-time order and emits tasks (pipeline and data-parallel levels)."""
+
+    def __init__(
+        self, flow: EventFlow, costs: CostSource, options: FlowOptions, lanes_d: list[int], lanes_t: list[int]
+    ):
+        super().__init__(flow, costs, options)
+        assert flow.placement is not None
+        self.placement = flow.placement
+        self.lanes_d, self.lanes_t = lanes_d, lanes_t
+        s = flow.strategy
+        self.grid = flow.placement.grid
+        self.num_stages = s.num_stages
+        self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
+        # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
+        self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
+        self.chains: dict[tuple[int, int, str, int, bool], list[tuple[Chain, int | None]]] = {}
+        self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
+        self.loss: dict[tuple[int, int, int, int], int] = {}  # (vs, mb, d, t) -> the last stage's forward end
+        self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
+        self.last_b = self._last_backward_mb()
+        self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+        self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
+        # ZeRO-3: each rank's layers' parameter bytes, all-gathered before every forward and backward
+        per_layer = self.dp > 1 and self.sharding.gather_per_layer
+        self.gathered = [self.layer_param_bytes(held, self.tp) for held in self.rank_layers] if per_layer else []
+
+    def _lower_sync(self, r: int) -> Lowered:
+        """Pipeline rank r's gradient buckets (the same for every data-parallel replica and tp rank)."""
+        s = self.flow.strategy
+        return lower(s.grad_sync, self.sync_context_of(r), s.optimizer_sharding)
+
+    def sync_context_of(self, r: int) -> SyncContext:
+        """What gradient synchronisation sees of pipeline rank r: its layers, their backward times, its dp group."""
+        backward: dict[int, float] = {}
+        chunk: dict[int, int] = {}
+        for vs in range(r, self.num_stages, self.pp):
+            for op in self.template(vs, self.lanes_d[0])["B"]:
+                backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
+                chunk[op.layer] = vs // self.pp
+        inst = self.placement.dp_groups(r)[self.lanes_t[0]]
+        return self.sync_context(self.rank_layers[r], self.tp, inst, backward, chunk)
+
+    def _last_backward_mb(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for acts in self.flow.schedule.ranks:
+            for a in acts:
+                if a.op == "B":
+                    last[a.stage] = a.microbatch
+        return last
+
+    def template(self, vs: int, d: int) -> dict[str, list[StageOp]]:
+        key = (vs, d if not self.flow.symmetric else 0)
+        tpl = self.templates.get(key)
+        if tpl is None:
+            r = vs % self.pp
+            inst = self.placement.tp_groups(r)[d] if self.tp > 1 else None
+            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst)
+        return tpl
+
+    def run(self) -> None:
+        sched = self.flow.schedule
+        steps = sched.steps
+        order = sorted(
+            ((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts))),
+        )
+        for _, r, i in order:
+            self.action(r, sched.ranks[r][i])
+        self.finish()
+
+    # ------------------------------------------------------------------------------------------------ pipeline
+    def action(self, r: int, a: Action) -> None:
+        """Emit one schedule action on every simulated replica of pipeline rank r."""
+        final = self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
+        cuts = self.sync[r].cuts if final else frozenset()
+        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1 and not self.gathered:
+            self._action_on_one_gpu(r, a, cuts)
+        else:
+            self._action_on_lanes(r, a, cuts)
+
+    def _action_on_lanes(self, r: int, a: Action, cuts: frozenset[int]) -> None:
+        """:meth:`action` op by op over the replicas (lanes) of rank r.
+
+        Ops are the outer loop and replicas the inner one, so that a gradient bucket's all-reduce (which spans the
+        replicas) is emitted as soon as every replica finished the backward of the layer that completes it, before
+        the next layer's compute: its place in each stream's order is then where it is issued in a real run. With
+        ZeRO-3 a layer's parameter all-gather (one per tp rank, over the replicas) is emitted before its first op.
+        """
+        flow, grid = self.flow, self.grid
+        lanes = []
+        for d in self.lanes_d:
+            if a.op == "F":
+                frontier = [[self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
+                            for t in self.lanes_t]  # fmt: skip
+            elif a.stage < self.num_stages - 1:
+                frontier = [[self.incoming.pop((a.stage, "B", a.microbatch, d, t))] for t in self.lanes_t]
+            else:
+                frontier = [[] for _ in self.lanes_t]
+            gpus = [int(grid[r, d, t]) for t in self.lanes_t]
+            lanes.append((d, gpus, self.template(a.stage, d)[a.op], frontier, [-1] * len(gpus)))
+        loss = [[self._loss(a, d, t) for t in self.lanes_t] for d in self.lanes_d]
+        ops0 = lanes[0][2]
+        n_ops = len(ops0)
+        gates = prefetch_gates(ops0) if self.gathered else {}
+        marks = set(gates.values())
+        # what a parameter all-gather waits for: op index (-1: the action's start) -> per lane and tp rank, tasks
+        ends: dict[int, list[list[list[int]]]] = {}
+        if gates:  # the action starts once its inputs arrived and its GPU's previous compute is done
+            ends[-1] = [[[*frontier[j], *self._last_compute(g)] for j, g in enumerate(gpus)]
+                        for _d, gpus, _ops, frontier, _last in lanes]  # fmt: skip
+        hosts: list[list[int]] = []
+        if self.host:  # each GPU's host waits for its received data, then enqueues the action's kernels
+            total = launch_offsets(ops0, cuts)[1]
+            for _d, gpus, _ops, frontier, _last in lanes:
+                hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
+                              for j, g in enumerate(gpus)])  # fmt: skip
+            launch_ends = launch_offsets(ops0, cuts)[0]
+        for idx in range(n_ops):
+            params = self._gather_params(r, a, ops0[idx].layer, gates[idx], lanes, ends) if idx in gates else {}
+            for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
+                op = ops[idx]
+                if op.kind == K_TP:
+                    assert op.comm is not None
+                    deps = ([x for f, ls in zip(frontier, loss[lane], strict=True) for x in (*f, *ls)] if idx == 0
+                            else [x for x in last if x >= 0])  # fmt: skip
+                    deps += [params[t] for t in self.lanes_t if t in params]
+                    tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
+                                   a.stage, a.microbatch, op.key, deps)  # fmt: skip
+                    for j, g in enumerate(gpus):
+                        if hosts and self._constrained(ops, idx, g, cuts):
+                            flow.release(hosts[lane][j], tid, launch_ends[idx])
+                    last[:] = [tid] * len(gpus)
+                else:
+                    for j, g in enumerate(gpus):
+                        deps = [*frontier[j], *loss[lane][j]] if idx == 0 else ([last[j]] if last[j] >= 0 else [])
+                        if self.lanes_t[j] in params:
+                            deps.append(params[self.lanes_t[j]])
+                        if hosts and self._constrained(ops, idx, g, cuts):
+                            flow.release(hosts[lane][j], len(flow), launch_ends[idx])
+                        last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
+                                           a.stage, a.microbatch, op.key, deps)  # fmt: skip
+            if idx in marks:
+                ends[idx] = [[[x] for x in last] for *_, last in lanes]
+            op = lanes[0][2][idx]
+            if op.layer in cuts and (idx + 1 == n_ops or lanes[0][2][idx + 1].layer != op.layer):  # bucket complete
+                per_t = {t: [last[j] for _d, _g, _o, _f, last in lanes] for j, t in enumerate(self.lanes_t)}
+                for bucket in self.sync[r].by_layer[op.layer]:
+                    self.grad_allreduce(r, a.stage, per_t, bucket)
+        for d, gpus, _ops, _frontier, last in lanes:
+            self.send(r, a, d, gpus, last)
+
+    def _last_compute(self, g: int) -> list[int]:
+        last = self.flow._last.get((g, S_COMPUTE))
+        return [] if last is None else [last]
+
+    def _gather_params(self, r: int, a: Action, layer: int, gate: int, lanes: list,
+                       ends: dict[int, list[list[list[int]]]]) -> dict[int, int]:  # fmt: skip
+        """ZeRO-3: the all-gather of `layer`'s parameters before its ops in action `a`, one per tp rank over the
+        replicas, once the action started (`gate` -1) or the op at index `gate` ended
+        (:func:`~distsim.sim.flow.comm.prefetch_gates`); returns tp rank -> its task (none for a layer without
+        parameters)."""
+        nbytes = self.gathered[r][layer]
+        if nbytes <= 0:
+            return {}
+        instances = self.placement.dp_groups(r)
+        name = f"params {self.flow.model.layers[layer].name}"
+        out = {}
+        for j, t in enumerate(self.lanes_t):
+            deps = [x for lane in range(len(lanes)) for x in ends[gate][lane][j]]
+            out[t] = self.dp_collective("all_gather", instances[t], nbytes, name, layer, a.stage, deps, True,
+                                        a.microbatch, gradients=False)  # fmt: skip
+        return out
+
+    def _loss(self, a: Action, d: int, t: int) -> list[int]:
+        """For the last stage's backward: the end of its forward of that micro-batch (the loss needs the forward's
+        output, all-reduced over the tp group), which the host does not wait for; else nothing."""
+        if a.op == "B" and a.stage == self.num_stages - 1:
+            return [self.loss.pop((a.stage, a.microbatch, d, t))]
+        return []
+
+    def _constrained(self, ops: Sequence[StageOp], idx: int, g: int, cuts: frozenset[int]) -> bool:
+        """Whether op `idx` on GPU g needs its launch constraint (:attr:`Chain.launch_constrained`, op by op): the
+        first op of its chain, or one whose launch outlasts the previous op."""
+        if self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts):
+            return True
+        return ops[idx - 1].scaled(self.speed[g]) < ops[idx].launch
+
+    def _action_on_one_gpu(self, r: int, a: Action, cuts: frozenset[int]) -> None:
+        """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
+        the template's ops are one chain (split after the layers that complete a gradient bucket), emitted at once."""
+        d, t = self.lanes_d[0], self.lanes_t[0]
+        if a.op == "F":
+            frontier = [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
+        elif a.stage < self.num_stages - 1:
+            frontier = [self.incoming.pop((a.stage, "B", a.microbatch, d, t))]
+        else:
+            frontier = []
+        g = int(self.grid[r, d, t])
+        chains = self._chains(a.stage, d, a.op, g, cuts)
+        host, offset = None, 0.0
+        if self.host:  # the host waits for the received data, then enqueues the action's kernels
+            host = self.launch(g, sum(c.launch_s for c, _ in chains), list(frontier), a.stage, a.microbatch,
+                               f"launch {a}")  # fmt: skip
+        last = -1
+        first = frontier + self._loss(a, d, t)
+        for chain, layer in chains:
+            anchor = (host, offset) if host is not None else None
+            last = self.flow.add_chain(chain, first if last < 0 else [last], a.stage, a.microbatch, anchor,
+                                       self.options.exact_host)  # fmt: skip
+            offset += chain.launch_s
+            if layer is not None:
+                for bucket in self.sync[r].by_layer[layer]:
+                    self.grad_allreduce(r, a.stage, {t: [last]}, bucket)
+        self.send(r, a, d, [g], [last])
+
+    def _chains(self, vs: int, d: int, op: str, g: int, cuts: frozenset[int]) -> list[tuple[Chain, int | None]]:
+        """The template of (vs, op) on GPU g as chains: one, or split after each layer in `cuts`, whose buckets are
+        then issued (with that layer)."""
+        key = (vs, d, op, g, cuts)
+        out = self.chains.get(key)
+        if out is None:
+            ops = self.template(vs, d)[op]
+            parts: list[list[StageOp]] = []
+            for o in ops:
+                if not parts or (parts[-1][-1].layer in cuts and parts[-1][-1].layer != o.layer):
+                    parts.append([])
+                parts[-1].append(o)
+            out = []
+            for part in parts:
+                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind == K_TP and o.comm is not None
+                         else (g, S_COMPUTE) for o in part]  # fmt: skip
+                done = part[-1].layer if part[-1].layer in cuts else None
+                out.append((Chain.of(part, slots, self.speed[g]), done))
+            self.chains[key] = out
+        return out
+
+    def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
+        """After an action: send its activation forward or its input gradient backward (the last stage's forward:
+        keep its end for the backward of the same micro-batch)."""
+        if a.op == "F" and a.stage == self.num_stages - 1:
+            for j, t in enumerate(self.lanes_t):
+                self.loss[(a.stage, a.microbatch, d, t)] = last[j]
+            return
+        if a.op == "F" and a.stage < self.num_stages - 1:
+            dst_vs, what = a.stage + 1, "act"
+        elif a.op == "B" and a.stage > 0:
+            dst_vs, what = a.stage - 1, "grad"
+        else:
+            return
+        flow = self.flow
+        boundary = min(a.stage, dst_vs)
+        cut = flow.stage_ranges[boundary][1] - 1
+        nbytes = round(flow.model.boundary_bytes[cut] * flow.strategy.micro_batch_size)
+        dst_r = dst_vs % self.pp
+        pairs = self.pairs.get((r, dst_r))
+        if pairs is None:
+            pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
+        for j, t in enumerate(self.lanes_t):
+            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j])
+            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+
+    # ------------------------------------------------------------------------------------------ data parallel
+    def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
+        """A gradient bucket's all-reduce (a reduce-scatter with a sharded optimizer), one per tp rank over the
+        replicas; returns the task ids."""
+        lowered = self.sync[r]
+        name = self.bucket_name(lowered, bucket, r)
+        layer = -1 if bucket.ready is None else bucket.ready
+        instances = self.placement.dp_groups(r)
+        overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
+        return [self.dp_collective(lowered.collective, instances[t], bucket.nbytes, name, layer, stage, per_t[t],
+                                   overlap) for t in self.lanes_t]  # fmt: skip
+
+    def rank_shard_params(self, r: int) -> float:
+        return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
+
+    def finish(self) -> None:
+        """Gradient synchronisation that ends the iteration, then the optimizer step on every simulated GPU.
+
+        Order as in Megatron-LM's ``finalize_model_grads``: the data-parallel all-reduce (buckets that wait for the
+        whole backward; the others were issued during it), then the all-reduce of tied embedding copies between the
+        first and last pipeline ranks, then the optimizer step: of 1/dp of the rank's parameters with a sharded
+        optimizer, followed by ZeRO-1/2's parameter all-gathers.
+        """
+        last = self.flow._last
+        for r, lowered in enumerate(self.sync):
+            for bucket in lowered.at_end:
+                per_t = {t: [last[(int(self.grid[r, d, t]), S_COMPUTE)] for d in self.lanes_d] for t in self.lanes_t}
+                self.grad_allreduce(r, r, per_t, bucket)
+        self.tied_allreduce()
+        share = self.dp if self.sharding.divides_step else 1
+        for r in range(self.pp):
+            gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
+            steps = self.optimizer_step(r, self.rank_shard_params(r) / share, gpus)
+            if self.sync:
+                instances = self.placement.dp_groups(r)
+                self.gather_after_step(self.sync[r], r, [instances[t] for t in self.lanes_t], steps, r)
+
+    def tied_allreduce(self) -> None:
+        """Sum the gradients of a tied layer's copy with its original's when they sit on different pipeline ranks.
+
+        Megatron-LM keeps a copy of a tied word embedding on the last stage and all-reduces the two copies'
+        gradients over the "embedding group" of the first and last stage (``_allreduce_embedding_grads``).
+        """
+        flow, model = self.flow, self.flow.model
+        rank_of = {i: r for r in range(self.pp) for i in self.rank_layers[r]}
+        for i, layer in enumerate(model.layers):
+            if layer.tied_to is None:
+                continue
+            ra, rb = rank_of[model.index[layer.tied_to]], rank_of[i]
+            if ra == rb:
+                continue
+            nbytes = round(layer.tied_shard_params(self.tp) * model.precision.grad_bytes)
+            if nbytes <= 0:
+                continue
+            pairs = self.pairs.get((ra, rb))
+            if pairs is None:
+                pairs = self.pairs[(ra, rb)] = self.placement.p2p_pairs(ra, rb)
+            for d in self.lanes_d:
+                for t in self.lanes_t:
+                    inst = pairs[d * self.tp + t]
+                    deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
+                    self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)
+
+
+def cut_before(ops: Sequence[StageOp], idx: int, cuts: frozenset[int]) -> bool:
+    """Whether a chain ends before op `idx`: the previous op ends a layer that completes a gradient bucket."""
+    return ops[idx - 1].layer in cuts and ops[idx - 1].layer != ops[idx].layer
+
+
+def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int]:
+    """(buckets issued during backward, buckets issued after it) for a rank holding `held`, without costs: exact
+    for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise."""
+    tensors = {i: tensor_bytes(model.stored_tensors(i, held, strategy.tp), model.precision.grad_bytes) for i in held}
+    units = tuple(GradUnit(i, tensors[i]) for i in sorted(held, reverse=True))
+    if MODES[strategy.grad_sync].planned and not strategy.grad_groups:
+        return sum(u.nbytes > 0 for u in units), 0
+    settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
+    lowered = lower(strategy.grad_sync, SyncContext(units, lambda n: 0.0, None, settings))
+    return len(lowered.buckets) - len(lowered.at_end), len(lowered.at_end)
+
+
+def launch_offsets(ops: Sequence[StageOp], cuts: frozenset[int]) -> tuple[list[float], float]:
+    """When each op's launch ends from the start of the host task that enqueues a template, and that task's
+    length: launches back to back, summed as the chains of :meth:`_Builder._chains` sum them (split after the
+    layers in `cuts`)."""
+    ends: list[float] = []
+    base = 0.0
+    part: list[StageOp] = []
+    for i, op in enumerate(ops):
+        part.append(op)
+        if i + 1 == len(ops) or cut_before(ops, i + 1, cuts):
+            within = list(accumulate(o.launch for o in part))
+            ends += [base + x for x in within]
+            base += within[-1]
+            part = []
+    return ends, base

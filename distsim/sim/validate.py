@@ -1,0 +1,152 @@
+"""Simulated against measured: DistSim's three accuracy metrics (Sec. 5.2-5.4).
+
+* **Batch-time error**: |predicted - measured| / measured iteration time (the median of the measured iterations).
+* **Per-GPU activity error**: for every compute event of a GPU (a block's forward, recomputed forward or backward on
+  one micro-batch, including the tensor-parallel all-reduce inside it, so that simulated and measured events cover
+  the same work), the mean of |start error| and |end error|, averaged over the GPU's events, relative to the measured
+  iteration time.
+* **Per-stage error**: for every (stage, forward/backward, micro-batch) action, the error of its start and of its end,
+  relative to the iteration time (a backward action's recomputed forwards are an action of their own).
+
+Errors against several measured iterations are computed per iteration and summarised by their median.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from distsim.sim.timeline import Timeline
+
+COMPUTE = ("forward", "recompute", "backward")
+KEY = ["gpu", "kind", "name", "layer", "stage", "microbatch"]
+
+
+def block_spans(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (gpu, forward/recompute/backward, block, micro-batch): from its first compute to the end of its tp
+    collective.
+
+    A block's rows are its compute row(s) and the tensor-parallel all-reduce rows of the same block and micro-batch
+    that follow them on that GPU, until another block starts.
+    """
+    rows = df[df["kind"].isin([*COMPUTE, "tp_allreduce"])].sort_values(["gpu", "start_s", "end_s"], kind="stable")
+    out = []
+    current: list | None = None
+    for gpu, kind, name, layer, stage, mb, start, end in rows[[*KEY, "start_s", "end_s"]].itertuples(index=False):
+        kind = str(kind)
+        same = current is not None and current[0] == gpu and current[2:6] == [str(name), layer, stage, mb]
+        if kind in COMPUTE and not (same and current[1] == kind):
+            if current is not None:
+                out.append(current)
+            current = [gpu, kind, str(name), layer, stage, mb, start, end]
+        elif same:
+            current[7] = max(current[7], end)
+    if current is not None:
+        out.append(current)
+    return pd.DataFrame(out, columns=[*KEY, "start_s", "end_s"])
+
+
+@dataclass
+class Comparison:
+    """Errors of one prediction against one measured iteration."""
+
+    predicted_s: float
+    measured_s: float
+    per_gpu: dict[int, float]
+    per_stage: pd.DataFrame
+    """stage, kind, microbatch, start_error, end_error (relative to the measured iteration)."""
+    matched: int
+    unmatched: int
+
+    @property
+    def batch_error(self) -> float:
+        return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+
+def compare(predicted: Timeline, measured: Timeline) -> Comparison:
+    pred, meas = block_spans(predicted.expand().df), block_spans(measured.df)
+    t = measured.iteration_time_s
+    both = pred.merge(meas, on=KEY, suffixes=("_p", "_m"))
+    both["start_err"] = (both["start_s_p"] - both["start_s_m"]).abs() / t
+    both["end_err"] = (both["end_s_p"] - both["end_s_m"]).abs() / t
+    both["err"] = (both["start_err"] + both["end_err"]) / 2
+    per_gpu = {int(g): float(v) for g, v in both.groupby("gpu")["err"].mean().items()}
+    actions = both.groupby(["gpu", "stage", "kind", "microbatch"]).agg(
+        start_p=("start_s_p", "min"), start_m=("start_s_m", "min"), end_p=("end_s_p", "max"), end_m=("end_s_m", "max")
+    )
+    actions["start_error"] = (actions["start_p"] - actions["start_m"]).abs() / t
+    actions["end_error"] = (actions["end_p"] - actions["end_m"]).abs() / t
+    per_stage = actions.reset_index()[["gpu", "stage", "kind", "microbatch", "start_error", "end_error"]]
+    unmatched = len(pred) + len(meas) - 2 * len(both)
+    return Comparison(predicted.iteration_time_s, t, per_gpu, per_stage, len(both), unmatched)
+
+
+@dataclass
+class Validation:
+    """A prediction against every measured iteration of a trace."""
+
+    comparisons: list[Comparison]
+    predicted_s: float
+    measured_s: float
+    """Median measured iteration time."""
+    iteration_times_s: list[float] = field(default_factory=list)
+    deterministic_s: float | None = None
+    """The prediction with mean durations (when the main prediction is stochastic)."""
+
+    @property
+    def batch_error(self) -> float:
+        return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def signed_batch_error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def per_gpu_error(self) -> dict[int, float]:
+        gpus = sorted({g for c in self.comparisons for g in c.per_gpu})
+        return {g: statistics.median(c.per_gpu[g] for c in self.comparisons if g in c.per_gpu) for g in gpus}
+
+    @property
+    def max_gpu_error(self) -> float:
+        return max(self.per_gpu_error.values(), default=0.0)
+
+    @property
+    def per_stage(self) -> pd.DataFrame:
+        """Median over iterations of each action's start and end errors."""
+        all_rows = pd.concat([c.per_stage for c in self.comparisons])
+        return all_rows.groupby(["gpu", "stage", "kind", "microbatch"], as_index=False)[
+            ["start_error", "end_error"]
+        ].median()
+
+    @property
+    def stage_error_median(self) -> float:
+        s = self.per_stage
+        return float(np.median(np.maximum(s["start_error"], s["end_error"]))) if len(s) else 0.0
+
+    @property
+    def measured_spread(self) -> float:
+        """(max - min) / median of the measured iteration times: the run's own noise."""
+        ts = self.iteration_times_s
+        return (max(ts) - min(ts)) / statistics.median(ts) if ts else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "predicted_s": self.predicted_s, "measured_s": self.measured_s, "batch_error": self.batch_error,
+            "predicted_with_mean_durations_s": self.deterministic_s,
+            "signed_batch_error": self.signed_batch_error, "per_gpu_error": self.per_gpu_error,
+            "max_gpu_error": self.max_gpu_error, "stage_error_median": self.stage_error_median,
+            "measured_iteration_s": self.iteration_times_s, "measured_spread": self.measured_spread,
+            "matched_events": self.comparisons[0].matched if self.comparisons else 0,
+        }  # fmt: skip
+
+
+def validate_timelines(predicted: Timeline, measured: list[Timeline], predicted_s: float | None = None) -> Validation:
+    """Compare a predicted timeline with every measured iteration; `predicted_s` overrides the predicted iteration
+    time (a stochastic simulation's median)."""
+    comparisons = [compare(predicted, m) for m in measured]
+    times = [m.iteration_time_s for m in measured]
+    predicted_s = predicted.iteration_time_s if predicted_s is None else predicted_s
+    return Validation(comparisons, predicted_s, statistics.median(times), times)
