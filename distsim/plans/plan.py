@@ -182,6 +182,12 @@ class Plan:
             return burst_notation(self.burst)
         return stages_notation(self.stages)
 
+    def detail(self) -> str:
+        """One line: the strategy's readable form, or the plan's batch and layers per device set."""
+        from distsim.plans.simulate import PLAN_SIMULATORS
+
+        return self.strategy.describe() if self.strategy is not None else PLAN_SIMULATORS[self.kind].detail(self)
+
     def replica_samples(self, stage: int) -> list[tuple[int, int]]:
         """[lo, hi) sample slices of a micro-batch that each replica of a stage processes."""
         return split_samples(self.micro_batch_size, self.stages[stage].replicas)
