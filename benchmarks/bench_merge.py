@@ -39,7 +39,8 @@ def main() -> None:
     for label, modes, tree in cases:
 
         def run(modes: tuple[str, ...] = modes, tree: bool = tree) -> Any:
-            return sweep_workers(model, cluster, WORKERS, lambda c: AnalyticCosts(c, tree=tree), modes,
+            allreduce = "nccl" if tree else "ring"
+            return sweep_workers(model, cluster, WORKERS, lambda c: AnalyticCosts(c, allreduce=allreduce), modes,
                                  micro_batch_size=32)  # fmt: skip
 
         seconds, sweep = timed(run, args.repeats)

@@ -210,7 +210,7 @@ def test_mgwfbp_converges_to_sync_easgd_under_ring_allreduce() -> None:
     """Ring all-reduce's start-up grows as 2(N-1) alpha, so with many workers merging everything into one message
     wins: MG-WFBP's iteration approaches SyncEASGD's (ratio -> 1), while with few workers it is clearly faster."""
     sweep = sweep_workers(get_model("resnet50"), get_cluster("v100-10gbe"), [4, 16, 256, 1024, 2048],
-                          costs=lambda c: AnalyticCosts(c, tree=False), micro_batch_size=32)  # fmt: skip
+                          costs=lambda c: AnalyticCosts(c, allreduce="ring"), micro_batch_size=32)  # fmt: skip
     ratio = [p.iteration_s["mgwfbp"] / p.iteration_s["bulk"] for p in sweep.points]
     assert ratio[0] < 0.9
     assert all(x <= y + 1e-9 for x, y in itertools.pairwise(ratio))  # nearer SyncEASGD as N grows

@@ -414,27 +414,47 @@ def get_cluster(name: str) -> Cluster:
         raise UnknownNameError(f"unknown cluster {name!r}{suggest(name, list(PRESETS))}") from None
 
 
-_GPUS: dict[str, GPU] = {
-    "A10": A10,
-    "A40": A40,
-    "A100": A100_80GB,
-    "H100": H100_80GB,
-    "P100": P100_16GB,
-    "T4": T4_16GB,
-    "V100": V100_32GB,
-    "V100-16GB": V100_16GB,
-}
+_GPUS: dict[str, GPU] = {}
 GPUS = MappingProxyType(_GPUS)
-"""GPU types by short name (``distsim search elastic --gpus V100:4,T4:8``)."""
+"""GPU types by short name (``distsim search elastic --gpus V100:4,T4:8``), read live: :func:`register_gpu` adds
+one."""
+
+
+def register_gpu(name: str, gpu: GPU) -> GPU:
+    """Add (or replace) the GPU type `name` (names are matched case-insensitively: one that differs from a known
+    name only in case replaces it). A name is what ``TYPE:COUNT`` lists give: no ':' or ','."""
+    key = name.strip()
+    if not key or ":" in key or "," in key:
+        raise ClusterError(f"a GPU type name must be non-empty, without ':' or ',', got {name!r}")
+    for known in [k for k in _GPUS if k.upper() == key.upper()]:
+        del _GPUS[known]
+    _GPUS[key] = gpu
+    return gpu
+
+
+def unregister_gpu(name: str) -> None:
+    """Remove the GPU type `name` (a test's or plugin's); an unknown name is one line."""
+    del _GPUS[gpu_type(name)[0]]
+
+
+def gpu_type_names() -> tuple[str, ...]:
+    return tuple(_GPUS)
+
+
+for _name, _gpu in (("A10", A10), ("A40", A40), ("A100", A100_80GB), ("H100", H100_80GB), ("P100", P100_16GB),
+                    ("T4", T4_16GB), ("V100", V100_32GB), ("V100-16GB", V100_16GB)):  # fmt: skip
+    register_gpu(_name, _gpu)
+del _name, _gpu
 
 
 def gpu_type(name: str) -> tuple[str, GPU]:
-    """A built-in GPU type by short name, case-insensitive: (its canonical name, the GPU)."""
+    """A registered GPU type by short name, case-insensitive: (its canonical name, the GPU)."""
     key = name.strip().upper()
-    if key in GPUS:
-        return key, GPUS[key]
+    canonical = {k.upper(): k for k in GPUS}
+    if key in canonical:
+        return canonical[key], GPUS[canonical[key]]
     import difflib
 
-    close = difflib.get_close_matches(key, list(GPUS), n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(GPUS)}"
+    close = difflib.get_close_matches(key, list(canonical), n=1, cutoff=0.6)
+    hint = f" (did you mean {canonical[close[0]]!r}?)" if close else f"; known: {', '.join(GPUS)}"
     raise UnknownNameError(f"unknown GPU type {name!r}{hint}")

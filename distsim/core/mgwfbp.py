@@ -13,7 +13,8 @@ is pure logic (no torch, no files):
 * :func:`optimal` is the exact O(L^2) DP of ALGORITHMS.md 2.3 and :func:`brute_force` tries all 2^(L-1) patterns.
   They exist because the paper's optimality claim (Theorem 1) is false: the greedy is strictly worse on a sizeable
   fraction of small random instances (see ``tests/test_mgwfbp.py`` for the verified counterexample);
-* :func:`allreduce_ab` gives (a, b) from Table II of the paper for four all-reduce algorithms.
+* :func:`allreduce_ab` gives (a, b) from Table II of the paper for four all-reduce algorithms (the registered ones
+  with a linear model, :data:`distsim.core.collectives.LINEAR_ALGORITHMS`).
 
 Conventions: layers 1..L are stored 0-based (index 0 = layer 1, the input side); backward runs from layer L down to
 layer 1, so "the previous layer" of layer l in backward order is l-1. A merge pattern is a tuple of contiguous groups
@@ -36,6 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distsim.core.collectives import LINEAR_ALGORITHMS
 from distsim.core.errors import DistsimError
 
 Groups = tuple[tuple[int, int], ...]
@@ -44,8 +46,9 @@ Groups = tuple[tuple[int, int], ...]
 BRUTE_FORCE_MAX_LAYERS = 20
 """:func:`brute_force` enumerates 2^(L-1) patterns; beyond this many layers use :func:`optimal`."""
 
-ALLREDUCE_ALGORITHMS = ("ring", "binary-tree", "recursive-doubling", "rabenseifner")
-"""The rows of the paper's Table II that :func:`allreduce_ab` models (ALGORITHMS.md 2.4)."""
+ALLREDUCE_ALGORITHMS = LINEAR_ALGORITHMS
+"""The all-reduce algorithms :func:`allreduce_ab` models, read from the registry of
+:mod:`distsim.core.collectives`: the rows of the paper's Table II (ALGORITHMS.md 2.4) and any registered since."""
 
 
 class MergeError(DistsimError, ValueError):
@@ -332,7 +335,8 @@ def allreduce_ab(algorithm: str, n: int, alpha: float, beta: float, gamma: float
     other rows are Thakur and Rabenseifner's costs for n a power of two (logs base 2). One worker communicates
     nothing: (0, 0).
     """
-    if algorithm not in ALLREDUCE_ALGORITHMS:
+    model = ALLREDUCE_ALGORITHMS.get(algorithm)
+    if model is None or model.ab is None:
         raise MergeError(f"unknown all-reduce algorithm {algorithm!r}; choose from {', '.join(ALLREDUCE_ALGORITHMS)}")
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise MergeError(f"the worker count must be an integer >= 1, got {n!r}")
@@ -342,13 +346,6 @@ def allreduce_ab(algorithm: str, n: int, alpha: float, beta: float, gamma: float
     gamma = _finite_nonneg("gamma", gamma)
     if n == 1:
         return 0.0, 0.0
-    if algorithm == "ring":
-        return 2 * (n - 1) * alpha, (2 * (n - 1) * beta + (n - 1) * gamma) / n
-    if n & (n - 1):
+    if model.power_of_two and n & (n - 1):
         raise MergeError(f"{algorithm} all-reduce is modelled for a power-of-two worker count, got {n}")
-    log_n = n.bit_length() - 1
-    if algorithm == "binary-tree":
-        return 2 * alpha * log_n, (2 * beta + gamma) * log_n
-    if algorithm == "recursive-doubling":
-        return alpha * log_n, (beta + gamma) * log_n
-    return 2 * alpha * log_n, (2 * beta + gamma) * (n - 1) / n  # rabenseifner: 2 beta - (2 beta + gamma)/n + gamma
+    return model.ab(n, alpha, beta, gamma)

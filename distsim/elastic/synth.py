@@ -25,10 +25,11 @@ import random
 import sys
 
 from distsim.elastic.jobs import Job
-from distsim.elastic.workloads import MODELS
+from distsim.elastic.workloads import MODELS, TYPES
 
 SIZE_PROBS = {1: 0.45, 2: 0.2, 4: 0.15, 8: 0.15, 16: 0.05}
-TYPE_SHARES = {"V100": 0.5, "P100": 0.25, "T4": 0.25}
+TYPE_SHARES = dict(zip(TYPES, (0.5, 0.25, 0.25), strict=True))
+"""Share of the cluster's GPUs of each type (the workloads' types, registered GPU types)."""
 
 
 def generate(jobs: int, seed: int = 0, mean_gap_s: float = 20.0, median_s: float = 400.0,

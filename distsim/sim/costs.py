@@ -11,8 +11,8 @@ Two sources implement :class:`CostSource`:
   tile and wave quantisation, memory-bound kernels at achieved bandwidth, flash attention, a latency per kernel, and
   ``launch_s`` = kernels x the GPU's launch time), else a roofline of the block (FLOPs over achieved FLOP/s, or bytes
   over memory bandwidth); communication by ring or tree algorithms with a latency per step, the faster one as NCCL
-  picks, inter-node collectives striped over all of a node's NICs (:mod:`distsim.core.collectives`). It lets every
-  preset
+  picks (or the inter-node all-reduce algorithm named: :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`),
+  inter-node collectives striped over all of a node's NICs (:mod:`distsim.core.collectives`). It lets every preset
   work before anything is profiled.
 * :class:`ProfileCosts`: measured durations from a profile database; collectives without an exact measurement use
   linear interpolation between the two nearest measured sizes, else the alpha-beta fit of their (collective, scope,
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from distsim.core.cluster import GPU, Cluster
-from distsim.core.collectives import collective_s
+from distsim.core.collectives import analytic_algorithm, collective_s
 from distsim.core.collectives import ring_steps as ring_steps  # re-exported: the ring figures other modules use
 from distsim.core.collectives import ring_volume as ring_volume
 from distsim.core.errors import ProfileError
@@ -181,14 +181,18 @@ def _given(event: ComputeEvent) -> Cost | None:
 @dataclass
 class AnalyticCosts:
     """Estimates from the cluster's figures (DistSim Sec. 2.3 shows why these can be off by 40%): per kernel for a
-    block with ops, a roofline for one without; ring or tree collectives (ring only with ``tree=False``)."""
+    block with ops, a roofline for one without; ring or tree collectives (ring only with ``allreduce="ring"``)."""
 
     cluster: Cluster
     name: str = "analytic"
-    tree: bool = True
-    """Let an inter-node all-reduce take NCCL's double binary tree where that is faster (NCCL's choice); False: ring
-    only, the algorithm MG-WFBP's analysis assumes (its latency term grows as 2(N-1) alpha)."""
+    allreduce: str = "nccl"
+    """The inter-node all-reduce algorithm, a name of :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`: ``nccl``
+    takes NCCL's double binary tree where that is faster (NCCL's choice); ``ring`` the ring only, the algorithm
+    MG-WFBP's analysis assumes (its latency term grows as 2(N-1) alpha)."""
     _memo: dict[ComputeEvent, Cost] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        analytic_algorithm(self.allreduce)  # an unknown name fails here, in one line
 
     def compute(self, event: ComputeEvent) -> Cost:
         given = _given(event)
@@ -214,8 +218,8 @@ class AnalyticCosts:
         return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic", launch_s=kernels * gpu.kernel_launch_s)
 
     def comm(self, event: CommEvent) -> Cost:
-        """Point-to-point: latency + bytes over one flow's bandwidth (one NIC across nodes). Collectives: the faster
-        of ring and (across nodes, all-reduce) tree, striped over all the node's NICs across nodes; one kernel."""
+        """Point-to-point: latency + bytes over one flow's bandwidth (one NIC across nodes). Collectives: ring, or
+        across nodes an all-reduce by :attr:`allreduce`, striped over all the node's NICs across nodes; one kernel."""
         c, n = event.collective, event.group_size
         launch_s = self.cluster.gpu.kernel_launch_s
         if event.scope == "intra":
@@ -230,9 +234,8 @@ class AnalyticCosts:
             )
         if c == "p2p":
             return Cost(link.latency_s + event.nbytes / bandwidth, "analytic", launch_s=launch_s)
-        seconds, _ = collective_s(
-            c, n, event.nbytes, link.latency_s, bandwidth, tree=event.scope == "inter" and self.tree
-        )
+        algorithm = self.allreduce if event.scope == "inter" else "ring"
+        seconds, _ = collective_s(c, n, event.nbytes, link.latency_s, bandwidth, algorithm)
         return Cost(seconds, "analytic", launch_s=launch_s)
 
     def interference(self, scope: str) -> tuple[float, float]:
