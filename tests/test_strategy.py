@@ -81,3 +81,17 @@ def test_check_against_model_and_cluster() -> None:
         check_strategy(Strategy(pp=2, dp=8, partition=(10, 10)), bert, testbed)
     with pytest.raises(StrategyError, match="has no tensor-parallel split"):
         check_strategy(Strategy(tp=2, dp=8), get_model("vgg16"), testbed)
+
+
+def test_a_strategy_is_its_three_concerns() -> None:
+    """Degrees, pipeline and passes are checked separately and put back together to an equal strategy."""
+    from distsim.core.parallel import ParallelDims, Passes, PipelineSpec
+
+    s = Strategy.from_str("tp=2 pp=2 dp=2 mb=4 schedule=interleaved sync=ddp cap=5 recompute=full sp=1 zero=zero1")
+    assert s.dims == ParallelDims(2, 2, 2) and str(s.dims) == "2M2P2D"
+    assert s.pipeline.virtual_stages == 2 and s.pipeline.num_micro_batches == 4
+    assert s.passes == Passes("ddp", 5.0, (), "full", None, True, "zero1")
+    assert Strategy.of(s.dims, s.pipeline, s.passes) == s
+    assert Strategy.of(ParallelDims(pp=2), PipelineSpec(schedule="dapple")).schedule == "1f1b"
+    with pytest.raises(StrategyError, match="needs tp > 1"):
+        Strategy.of(ParallelDims(dp=2), passes=Passes(sequence_parallel=True))

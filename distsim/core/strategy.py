@@ -13,27 +13,30 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from distsim.core.errors import StrategyError
-from distsim.core.schedules import SCHEDULES
-from distsim.core.sync import DDP_BUCKET_CAP_MB, MODES, SHARDINGS
-
-MAX_MICRO_BATCH_SIZE = 2**30
-"""Samples in one micro-batch at most (as a burst plan's batch): far beyond any model's memory, within exact float
-arithmetic of sizes and times."""
+from distsim.core.parallel import (
+    MAX_MICRO_BATCH_SIZE,
+    RECOMPUTE_MODES,
+    SHARDING_MODES,
+    WARMUP_POLICIES,
+    ParallelDims,
+    Passes,
+    PipelineSpec,
+)
+from distsim.core.sync import DDP_BUCKET_CAP_MB
 
 if TYPE_CHECKING:
     from distsim.core.cluster import Cluster
     from distsim.core.models.graph import Model
 
-WARMUP_POLICIES = ("A", "B")
-RECOMPUTE_MODES = ("none", "selective", "full")
-SHARDING_MODES = tuple(SHARDINGS)
-"""The optimizer shardings of :mod:`distsim.core.sync` (none, zero1, zero2, zero3)."""
-_SCHEDULE_ALIASES = {"dapple": "1f1b", "1f1b-interleaved": "interleaved", "interleaved-1f1b": "interleaved"}
+__all__ = ["MAX_MICRO_BATCH_SIZE", "RECOMPUTE_MODES", "SHARDING_MODES", "WARMUP_POLICIES", "Strategy", "check_strategy"]
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How one training iteration is parallelised."""
+    """How one training iteration is parallelised: the flat, readable value users write (``Strategy(tp=2, ...)``,
+    ``2M4P2D``), made of three concerns checked separately (:mod:`distsim.core.parallel`): :attr:`dims` (the
+    degrees), :attr:`pipeline` (micro-batches, schedule, partition) and :attr:`passes` (gradient sync,
+    recomputation, sequence parallelism, optimizer sharding)."""
 
     tp: int = 1
     """Tensor (model) parallel degree: GPUs that split each layer (Megatron-style)."""
@@ -77,95 +80,35 @@ class Strategy:
     backward, as FSDP)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise StrategyError(f"{name} must be a positive integer, got {value!r}")
-        if self.micro_batch_size > MAX_MICRO_BATCH_SIZE:
-            raise StrategyError(f"micro_batch_size is {self.micro_batch_size:,} samples, above the limit of "
-                                f"{MAX_MICRO_BATCH_SIZE:,}")  # fmt: skip
-        schedule = _SCHEDULE_ALIASES.get(str(self.schedule).lower(), str(self.schedule).lower())
-        if schedule not in SCHEDULES:
-            raise StrategyError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        object.__setattr__(self, "schedule", schedule)
-        if self.grad_sync not in MODES:
-            raise StrategyError(f"unknown grad_sync {self.grad_sync!r}; choose one of {', '.join(MODES)}")
-        self._check_grad_options()
-        self._check_memory_options()
-        policy = str(self.warmup_policy).upper()
-        if policy not in WARMUP_POLICIES:
-            raise StrategyError(f"warm-up policy must be A or B, got {self.warmup_policy!r}")
-        object.__setattr__(self, "warmup_policy", policy)
-        if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise StrategyError(f"max_in_flight (D) must be >= 1, got {self.max_in_flight}")
-        self._check_virtual_stages()
-        if self.partition is not None:
-            part = tuple(self.partition)
-            object.__setattr__(self, "partition", part)
-            if len(part) != self.num_stages:
-                raise StrategyError(
-                    f"partition has {len(part)} entries but the strategy has {self.num_stages} "
-                    f"{'virtual ' if self.chunks > 1 else ''}stages"
-                )
-            if any(not isinstance(n, int) or n < 1 for n in part):
-                raise StrategyError(f"every stage of the partition needs at least one layer, got {part}")
+        """Each concern checks its own fields (:mod:`distsim.core.parallel`); the checked, canonical values (the
+        schedule's alias resolved, the policy upper-cased, virtual stages filled in) are written back."""
+        dims = self.dims
+        dims.check()
+        for part in (self.pipeline.checked(dims), self.passes.checked(dims)):
+            for f in fields(part):
+                object.__setattr__(self, f.name, getattr(part, f.name))
 
-    def _check_memory_options(self) -> None:
-        if self.recompute not in RECOMPUTE_MODES:
-            raise StrategyError(f"unknown recompute {self.recompute!r}; choose one of {', '.join(RECOMPUTE_MODES)}")
-        if self.recompute_layers is not None:
-            if self.recompute == "none":
-                raise StrategyError("recompute_layers needs recompute selective or full")
-            if (
-                isinstance(self.recompute_layers, bool)
-                or not isinstance(self.recompute_layers, int)
-                or (self.recompute_layers < 1)
-            ):
-                raise StrategyError(f"recompute_layers must be a positive integer, got {self.recompute_layers!r}")
-        if not isinstance(self.sequence_parallel, bool):
-            raise StrategyError(f"sequence_parallel must be true or false, got {self.sequence_parallel!r}")
-        if self.sequence_parallel and self.tp == 1:
-            raise StrategyError(
-                "sequence parallelism splits the sequence over the tensor-parallel group: it needs tp > 1"
-            )
-        if self.optimizer_sharding not in SHARDING_MODES:
-            raise StrategyError(
-                f"unknown optimizer_sharding {self.optimizer_sharding!r}; choose one of {', '.join(SHARDING_MODES)}"
-            )
+    @classmethod
+    def of(cls, dims: ParallelDims, pipeline: PipelineSpec | None = None, passes: Passes | None = None) -> Strategy:
+        """The strategy made of its three concerns."""
+        parts = [dims, pipeline or PipelineSpec(), passes or Passes()]
+        return cls(**{f.name: getattr(p, f.name) for p in parts for f in fields(p)})  # type: ignore[arg-type]
 
-    def _check_grad_options(self) -> None:
-        cap = self.bucket_cap_mb
-        if isinstance(cap, bool) or not isinstance(cap, int | float) or not (0 < cap < float("inf")):
-            raise StrategyError(f"bucket_cap_mb must be a positive number of MiB, got {cap!r}")
-        object.__setattr__(self, "bucket_cap_mb", float(cap))
-        groups = tuple((int(lo), int(hi)) for lo, hi in self.grad_groups)
-        object.__setattr__(self, "grad_groups", groups)
-        if groups and not self.grad_sync.startswith("mgwfbp"):
-            raise StrategyError(f"gradient groups are a merge plan of grad_sync mgwfbp, not {self.grad_sync}")
-        for (lo, hi), nxt in zip(groups, [*groups[1:], None], strict=False):
-            if not 0 <= lo < hi:
-                raise StrategyError(f"gradient group {lo}-{hi} is not a layer range [start, end) with start < end")
-            if nxt is not None and nxt[0] != hi:
-                raise StrategyError(f"gradient groups must be consecutive: {lo}-{hi} is followed by {nxt[0]}-{nxt[1]}")
+    # ------------------------------------------------------------------------------------------------ concerns
+    @property
+    def dims(self) -> ParallelDims:
+        """The parallel degrees."""
+        return ParallelDims(self.tp, self.pp, self.dp)
 
-    def _check_virtual_stages(self) -> None:
-        v = self.virtual_stages
-        if self.schedule == "interleaved":
-            v = 2 if v is None else v
-            if v < 2:
-                raise StrategyError(f"interleaved needs virtual_stages >= 2, got {v}")
-            if self.pp < 2:
-                raise StrategyError("the interleaved schedule needs pp >= 2")
-            if self.num_micro_batches % self.pp:
-                raise StrategyError(
-                    f"too few micro-batches for the interleaved schedule: M={self.num_micro_batches} must be a "
-                    f"multiple of pp={self.pp} (Megatron-LM's interleaved 1F1B requirement)"
-                )
-        elif v not in (None, 1):
-            raise StrategyError(f"virtual_stages={v} needs schedule=interleaved (got {self.schedule})")
-        else:
-            v = 1
-        object.__setattr__(self, "virtual_stages", v)
+    @property
+    def pipeline(self) -> PipelineSpec:
+        """Micro-batching, the schedule and the partition."""
+        return PipelineSpec(**{f.name: getattr(self, f.name) for f in fields(PipelineSpec)})
+
+    @property
+    def passes(self) -> Passes:
+        """Gradient synchronisation, recomputation, sequence parallelism and optimizer sharding."""
+        return Passes(**{f.name: getattr(self, f.name) for f in fields(Passes)})
 
     # ------------------------------------------------------------------------------------------------ derived
     @property
