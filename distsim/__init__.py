@@ -19,7 +19,7 @@ from distsim.core.errors import DistsimError
 from distsim.core.models import Model, get_model
 from distsim.core.schedules import Schedule, build_schedule, format_grid
 from distsim.core.strategy import Strategy
-from distsim.plans.plan import Plan, StagePlan, burst_plan
+from distsim.plans import Plan, StagePlan, burst_plan
 from distsim.plans.simulate import SimResult, simulate
 from distsim.search.collocate import CollocationReport, collocation_report
 from distsim.sim.costs import AnalyticCosts, ProfileCosts

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distsim import FlowOptions, simulate
+from distsim import FlowOptions, Strategy, simulate
 from distsim.core.models import Model, model_from_dict
 from distsim.io.files import load_plan, write_plan
+from distsim.plans import Plan, PlanError, StagePlan, burst_plan, check_plan, plan_from_dict
 from distsim.plans.burst_flow import build_burst_flow, estimate_burst_tasks
-from distsim.plans.plan import Plan, PlanError, StagePlan, burst_plan, check_plan, plan_from_dict
 from distsim.plans.redistribution import redistribution, redistribution_cost, shards
 from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent
 from distsim.sim.flow.events import KINDS
@@ -248,12 +248,20 @@ def test_simulate_cli_runs_a_burst_plan(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_check_plan_and_the_flow_refuse_what_does_not_fit() -> None:
-    plan = Plan(model="m", cluster="c", burst=((0,), (0, 1)), micro_batch_size=2)
+    plan = Plan(model="m", cluster="c", strategy=Strategy(micro_batch_size=2), kind="burst", layout=((0,), (0, 1)))
     check_plan(plan, 2, 2)
     with pytest.raises(PlanError, match="GPUs for 2 layers but the model has 3"):
         check_plan(plan, 3, 2)
-    with pytest.raises(PlanError, match="exactly one"):
-        Plan(model="m", cluster="c", burst=((0,),), stages=(StagePlan((0, 1), (0,)),))
+    with pytest.raises(PlanError, match="unknown plan kind 'bursts'"):
+        Plan(model="m", cluster="c", kind="bursts", layout=((0,),))
+    with pytest.raises(PlanError, match="GPU ids must be integers"):
+        Plan(
+            model="m",
+            cluster="c",
+            strategy=Strategy(micro_batch_size=2),
+            kind="burst",
+            layout=((0,), (StagePlan((0, 1), (0,)),)),
+        )
     model = flops_model([(1.0, 0, 0.0)] * 2)
     with pytest.raises(PlanError, match="always simulated GPU by GPU"):
         build_burst_flow(model, hand_cluster(), plan, AnalyticCosts(hand_cluster()), FlowOptions(symmetric=True))

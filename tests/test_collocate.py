@@ -25,7 +25,7 @@ from distsim.core.errors import DistsimError, ProfileError
 from distsim.core.models import get_model
 from distsim.core.strategy import Strategy
 from distsim.io.files import write_plan
-from distsim.plans.plan import burst_plan
+from distsim.plans import burst_plan
 from distsim.search.collocate import (
     CollocationError,
     background_grain,

@@ -14,7 +14,7 @@ from distsim import AnalyticCosts, simulate
 from distsim.core.cluster import Cluster, Link
 from distsim.core.errors import DistsimError
 from distsim.core.models import Model, model_from_dict
-from distsim.plans.plan import Plan, StagePlan
+from distsim.plans import Plan, StagePlan
 from distsim.search.dapple import check_with_simulator, plan_dapple, plan_micro_batches
 from distsim.search.dapple_dp import _latency_terms, beam_width
 from distsim.search.dapple_model import DappleSpec, StageCosts, evaluate, in_flight, pipeline_latency, place
@@ -136,7 +136,7 @@ def test_estimate_and_simulator_agree_on_uniform_pipelines(
     spec = DappleSpec(4, 8, schedule=schedule)
     sc = StageCosts(model, cluster, costs, 2)
     cand = evaluate(sc, spec, 4, [(a, e, d) for (a, e), d in stages])
-    plan = Plan("hand", "hand", stages=cand.stages, micro_batches=4, micro_batch_size=2, schedule=schedule)
+    plan = Plan.of_stages("hand", "hand", cand.stages, num_micro_batches=4, micro_batch_size=2, schedule=schedule)
     sim = simulate(model, cluster, plan, costs).iteration_time_s
     assert cand.latency_s == pytest.approx(closed_form)
     assert sim == pytest.approx(closed_form)
@@ -150,7 +150,7 @@ def test_pure_data_parallel_estimate_matches_the_simulator() -> None:
     costs = AnalyticCosts(cluster)
     sc = StageCosts(model, cluster, costs, 4)
     cand = evaluate(sc, DappleSpec(4, 8), 2, [(0, 4, (0, 1, 2, 3))])
-    plan = Plan("hand", "hand", stages=cand.stages, micro_batches=2, micro_batch_size=4)
+    plan = Plan.of_stages("hand", "hand", cand.stages, num_micro_batches=2, micro_batch_size=4)
     assert cand.latency_s == pytest.approx(36.0)
     assert simulate(model, cluster, plan, costs).iteration_time_s == pytest.approx(36.0)
 
@@ -169,8 +169,8 @@ def test_estimate_with_transfers_matches_the_simulator_under_gpipe_and_warm_up_p
         cand = evaluate(sc, DappleSpec(4, 8, schedule=schedule), 4, [(0, 2, (0, 1)), (2, 4, (2, 3))])
         assert cand.forward_s[1] == pytest.approx(0.6)  # 300 B per sample, 1 sample per replica, 2 flows share a NIC
         assert cand.latency_s == pytest.approx(35.2)
-        plan = Plan("hand", "hand", stages=cand.stages, micro_batches=4, micro_batch_size=2, schedule=schedule,
-                    warmup_policy=policy)  # fmt: skip
+        plan = Plan.of_stages("hand", "hand", cand.stages, num_micro_batches=4, micro_batch_size=2,
+                              schedule=schedule, warmup_policy=policy)  # fmt: skip
         got[(schedule, policy)] = simulate(model, cluster, plan, costs).iteration_time_s
     assert got[("gpipe", "A")] == pytest.approx(35.2) and got[("1f1b", "B")] == pytest.approx(35.2)
     assert got[("1f1b", "A")] == pytest.approx(36.4)
@@ -276,7 +276,7 @@ def test_tied_layers_on_different_stages_pay_their_allreduce() -> None:
     cand = evaluate(sc, DappleSpec(2, 4), 4, [(0, 1, (0,)), (1, 2, (1,))])
     assert cand.allreduce_s[0] == pytest.approx(8.0) and cand.allreduce_s[2] == pytest.approx(8.0)
     assert cand.latency_s == pytest.approx(23.0)
-    plan = Plan("tied", "hand", stages=cand.stages, micro_batches=4, micro_batch_size=1)
+    plan = Plan.of_stages("tied", "hand", cand.stages, num_micro_batches=4, micro_batch_size=1)
     assert simulate(model, cluster, plan, costs).iteration_time_s == pytest.approx(23.0)
 
 

@@ -217,7 +217,7 @@ def test_the_plan_simulates_to_the_planners_time_on_a_chain() -> None:
     assert result.best.gpus == (1, 4, 1) and result.dropped == (8,)
     assert result.best.time_s == approx(6.6)
     plan = result.plan()
-    assert plan.kind == "burst" and plan.burst == ((0,), (0, 1, 2, 3), (0,)) and plan.micro_batch_size == 4
+    assert plan.kind == "burst" and plan.burst == ((0,), (0, 1, 2, 3), (0,)) and plan.strategy.micro_batch_size == 4
     assert plan.note["planner_estimate_s"] == approx(6.6)
     sim = simulate(model, cluster, plan, AnalyticCosts(cluster), FlowOptions(host=False))
     assert sim.iteration_time_s == approx(result.best.time_s)

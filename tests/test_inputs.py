@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from distsim import Strategy, simulate
 from distsim.core.models import Model
-from distsim.plans.plan import Plan, StagePlan
+from distsim.plans import Plan, StagePlan
 from distsim.plans.simulate import SimulationTooLarge, estimate_size
 from distsim.sim.flow.events import FlowOptions
 from tests.test_invariants import Scenario, scenarios
@@ -347,9 +347,9 @@ def test_estimate_counts_the_tasks_of_a_stages_plan(data: st.DataObject) -> None
     for width, n in zip(widths, layers, strict=True):
         stages.append(StagePlan((first_layer, first_layer + n), tuple(range(first_gpu, first_gpu + width))))
         first_gpu, first_layer = first_gpu + width, first_layer + n
-    plan = Plan(model="m", cluster="c", stages=tuple(stages), micro_batches=data.draw(st.integers(1, 4)),
-                micro_batch_size=max(widths) + data.draw(st.integers(0, 2)),
-                grad_sync=data.draw(st.sampled_from(["bulk", "wfbp"])))  # fmt: skip
+    plan = Plan.of_stages("m", "c", stages, num_micro_batches=data.draw(st.integers(1, 4)),
+                          micro_batch_size=max(widths) + data.draw(st.integers(0, 2)),
+                          grad_sync=data.draw(st.sampled_from(["bulk", "wfbp"])))  # fmt: skip
     cluster = hand_cluster(nodes=2, gpus_per_node=8)
     costs = InterferingCosts(cluster, slowdowns=(data.draw(st.sampled_from([0.0, 0.5])), 0.1, 0.5, 0.1))
     options = FlowOptions(host=data.draw(st.booleans()))  # with the host: a launch per action and optimizer step
@@ -357,7 +357,7 @@ def test_estimate_counts_the_tasks_of_a_stages_plan(data: st.DataObject) -> None
     built = len(simulate(model, cluster, plan, costs, options).flow)
     # left out when they move nothing: optimizer steps (and their launches) and all-reduces of layers without
     # parameters (with their interference shadows on every replica), shadows of transfers that take no time
-    slack = sum(widths) * (3 + 2 * model.num_layers + 2 * plan.micro_batches)
+    slack = sum(widths) * (3 + 2 * model.num_layers + 2 * plan.strategy.num_micro_batches)
     assert built <= tasks <= built + slack
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from distsim import AnalyticCosts, FlowOptions, Strategy, get_cluster, get_model, simulate
 from distsim.io.files import load_plan, load_profile, write_plan
-from distsim.plans.plan import Plan, PlanError, StagePlan, check_plan, parse_devices, plan_from_dict, stages_plan
+from distsim.plans import Plan, PlanError, StagePlan, check_plan, plan_from_dict, stages_plan
+from distsim.plans.plan import parse_devices
 from distsim.plans.stages_flow import build_plan_flow
 from distsim.sim.costs import ProfileCosts
 from distsim.sim.flow.events import K_DP, K_P2P, resolve_partition
@@ -57,8 +58,8 @@ def test_uniform_equivalence_holds_with_measured_costs_and_interference() -> Non
 def _three_to_two_plan(b: int = 6) -> tuple[Plan, object]:
     # 2 layers, forward 1 s / backward 2 s per micro-batch, 100 bytes per sample cross the cut, links 1000 B/s
     model = chain_model([(1.0, 2.0, 500, 100.0), (1.0, 2.0, 500, 0.0)])
-    plan = Plan(model="hand", cluster="hand", stages=(StagePlan((0, 1), (0, 1, 2)), StagePlan((1, 2), (3, 4))),
-                micro_batches=1, micro_batch_size=b)  # fmt: skip
+    plan = Plan.of_stages("hand", "hand", (StagePlan((0, 1), (0, 1, 2)), StagePlan((1, 2), (3, 4))),
+                          num_micro_batches=1, micro_batch_size=b)  # fmt: skip
     return plan, model
 
 
@@ -145,7 +146,7 @@ def test_malformed_plan_files_name_the_problem(data: dict[str, object], message:
     ],
 )
 def test_plans_that_do_not_fit_the_model_or_cluster(stages: list, message: str) -> None:
-    plan = Plan(model="m", cluster="c", stages=tuple(StagePlan(a, b) for a, b in stages), micro_batch_size=4)
+    plan = Plan.of_stages("m", "c", [StagePlan(a, b) for a, b in stages], micro_batch_size=4)
     with pytest.raises(PlanError) as info:
         check_plan(plan, num_layers=4, num_gpus=8)
     assert message in str(info.value)

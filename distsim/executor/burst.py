@@ -47,7 +47,8 @@ from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters, vocab_weight
 from distsim.executor.recorder import Meta, Recorder
 from distsim.executor.runtime import Runtime, _Adam, _Segment
-from distsim.plans.plan import Plan
+from distsim.plans import Plan
+from distsim.plans.burst_flow import lower_sync
 from distsim.plans.redistribution import pieces, shards
 from distsim.profiler.tp_comm import TPComm
 
@@ -95,7 +96,8 @@ class BurstRuntime(Runtime):
         # no Runtime.__init__: a burst rank has no pipeline placement, schedule or data-parallel buckets
         self.model, self.plan, self.rank, self.groups = model, plan, rank, groups
         self.dtype, self.device, self.seed = dtype, device, seed
-        self.batch, self.layouts = plan.micro_batch_size, plan.burst
+        self.batch, self.layouts = plan.strategy.micro_batch_size, plan.burst
+        self.sync_plan = lower_sync(plan.strategy.grad_sync, [1] * model.num_layers)
         self.shards = [shards(self.batch, d) for d in self.layouts]
         self.replica, self.tp, self.tp_rank, self.pipe_rank, self.zero = 0, 1, 0, 0, None
         self.clock = clock_for(device)
@@ -308,20 +310,21 @@ class BurstRuntime(Runtime):
         segments: dict[int, list[_Segment]] = {}
         for v in range(self.model.num_layers):
             self._forward(v, outputs, inputs, moved, segments)
-        wfbp = self.plan.grad_sync == "wfbp"
         pending = []
         for v in reversed(range(self.model.num_layers)):
             self._backward(v, outputs, inputs, segments)
-            if wfbp and self.rank in self.layouts[v]:
-                pending.append(self._all_reduce(v, async_op=True))
+            for bucket in self.sync_plan.by_layer.get(v, ()):
+                pending += [self._all_reduce(u, async_op=True) for u in bucket.layers if self.rank in self.layouts[u]]
         for issued in pending:
             if issued is not None:
                 work, meta, start, end = issued
                 self.clock.wait(work, end)
                 self.recorder.add(meta, start, end)
-        if not wfbp:
-            for v in reversed(self.layers):
-                self._all_reduce(v, async_op=False)
+        held = set(self.layers)
+        for bucket in self.sync_plan.at_end:
+            for v in bucket.layers:
+                if v in held:
+                    self._all_reduce(v, async_op=False)
         for i, t in self.tied:
             self._tied_all_reduce(i, t)
         if before_step is not None:

@@ -24,7 +24,8 @@ from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.partition import rank_layers
 from distsim.core.strategy import Strategy
-from distsim.plans.plan import Plan, format_devices
+from distsim.plans import Plan
+from distsim.plans.plan import format_devices
 
 RECOMPUTE = ("none", "full")
 SHARDING = ("none", "zero1")

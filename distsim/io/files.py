@@ -179,14 +179,14 @@ def load_profile(path: str | Path) -> ProfileDB:
 
 def load_plan(path: str | Path) -> Any:
     """A plan file (YAML or JSON): see :mod:`distsim.plans.plan`."""
-    from distsim.plans.plan import PlanError, plan_from_dict
+    from distsim.plans import PlanError, plan_from_dict
 
     return plan_from_dict(read_structured(path, PlanError, "plan"), where=str(path))
 
 
 def write_plan(path: str | Path, plan: Any) -> Path:
     """Write a plan as YAML (.yaml/.yml) or JSON (.json), with a header comment saying what it is."""
-    from distsim.plans.plan import plan_to_dict
+    from distsim.plans import plan_to_dict
 
     data = plan_to_dict(plan)
     if Path(path).suffix == ".json":

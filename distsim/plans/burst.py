@@ -1,9 +1,12 @@
-"""A burst plan's forms (DeepPool, :mod:`distsim.plans.redistribution`): its checks, its notation and its plan-file
-form.
+"""The burst plan kind (DeepPool's burst parallelism): its checks, notation, file form, gradient sync and memory.
 
 A burst plan (:class:`distsim.plans.plan.Plan` with ``burst``) gives every model layer, in model order, the GPUs it runs
-on; it trains one batch of ``micro_batch_size`` samples per iteration. In a plan file (read and written through
-:func:`distsim.plans.plan.plan_from_dict` and :func:`distsim.plans.plan.plan_to_dict`)::
+on; it trains one batch of ``strategy.micro_batch_size`` samples per iteration (M = 1; DeepPool's strong scaling: the
+batch is split over each layer's GPUs), re-distributes activations (and their gradients) between layers of different
+layouts (:mod:`distsim.plans.redistribution`) and all-reduces each layer's gradients over its own GPUs, when the
+gradient-sync mode's buckets say (:func:`distsim.plans.burst_flow.lower_sync`). Its flow is
+:mod:`distsim.plans.burst_flow`, its executor :mod:`distsim.executor.burst`. In a plan file (read and written
+through :mod:`distsim.plans.files`)::
 
     kind: burst
     model: vgg16
@@ -25,48 +28,63 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distsim.core.cluster import MAX_GPUS
 from distsim.core.errors import DistsimError
-from distsim.core.models.graph import MAX_LAYERS
-from distsim.core.sync import DDP_BUCKET_CAP_MB
+from distsim.core.models.graph import MAX_LAYERS, Model
+from distsim.core.strategy import Strategy
+from distsim.plans.burst_flow import build_burst_flow, estimate_burst_tasks
+from distsim.plans.kinds import register_plan_kind
 from distsim.plans.plan import Plan, PlanError, check_batch, format_devices, parse_devices
+from distsim.plans.redistribution import shards
+from distsim.sim.memory import MemoryEstimate, layer_activations
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from distsim.core.cluster import Cluster
+    from distsim.sim.costs import CostSource
+    from distsim.sim.flow.events import EventFlow, FlowOptions
 
 GRAD_SYNCS = ("bulk", "wfbp")
 """How a burst plan synchronises each layer's gradients over its own GPUs: ``bulk``, every layer's all-reduce after
 the whole backward (DeepPool's planner assumes no overlap); ``wfbp``, each right after that layer's backward,
 overlapped with the rest of it."""
 
-_FILE_KEYS = {"kind", "model", "cluster", "nodes", "note", "batch", "grad_sync", "counts", "layers"}
-
-# Plan fields a burst plan leaves at their defaults: (field, default, what it is)
 _UNUSED = (
-    ("micro_batches", 1, "micro_batches (a burst plan trains one batch per iteration)"),
-    ("schedule", "1f1b", "a pipeline schedule"),
-    ("warmup_policy", "A", "a warm-up policy"),
-    ("max_in_flight", None, "max_in_flight"),
-    ("bucket_cap_mb", DDP_BUCKET_CAP_MB, "bucket_cap_mb"),
-    ("grad_groups", (), "gradient_groups"),
-    ("recompute", "none", "activation recomputation"),
-    ("recompute_layers", None, "recompute_layers"),
-    ("optimizer_sharding", "none", "optimizer sharding"),
+    ("num_micro_batches", "micro_batches (a burst plan trains one batch per iteration)"),
+    ("schedule", "a pipeline schedule"),
+    ("warmup_policy", "a warm-up policy"),
+    ("max_in_flight", "max_in_flight"),
+    ("bucket_cap_mb", "bucket_cap_mb"),
+    ("grad_groups", "gradient_groups"),
+    ("recompute", "activation recomputation"),
+    ("recompute_layers", "recompute_layers"),
+    ("optimizer_sharding", "optimizer sharding"),
+    ("tp", "tensor parallelism"),
+    ("pp", "pipeline parallelism"),
+    ("dp", "data parallelism (each layer's GPUs are its data parallelism)"),
+    ("partition", "a partition"),
+    ("virtual_stages", "virtual stages"),
+    ("sequence_parallel", "sequence parallelism"),
 )
+"""Strategy fields a burst plan leaves at their defaults: (field, what it is)."""
+_DEFAULTS = Strategy()
 
 
 def check_burst_fields(plan: Plan) -> None:
     """A burst plan's own consistency (what needs neither model nor cluster); PlanError names the first problem."""
-    for name, default, what in _UNUSED:
-        if getattr(plan, name) != default:
+    for name, what in _UNUSED:
+        if getattr(plan.strategy, name) != getattr(_DEFAULTS, name):
             raise PlanError(f"{what} does not apply to a burst plan")
-    check_batch(plan.micro_batch_size)
-    if plan.grad_sync not in GRAD_SYNCS:
-        raise PlanError(f"a burst plan synchronises gradients {' or '.join(GRAD_SYNCS)}, not {plan.grad_sync!r}")
+    check_batch(plan.strategy.micro_batch_size)
+    if plan.strategy.grad_sync not in GRAD_SYNCS:
+        raise PlanError(f"a burst plan synchronises gradients {' or '.join(GRAD_SYNCS)}, not "
+                        f"{plan.strategy.grad_sync!r}")  # fmt: skip
+    if not plan.burst:
+        raise PlanError("a burst plan gives the GPUs of every layer; its layout is empty")
     for i, devices in enumerate(plan.burst):
-        if not devices:
+        if not isinstance(devices, tuple) or not devices:
             raise PlanError(f"layer {i} has no GPUs")
         if len(set(devices)) != len(devices):
             twice = next(g for g in devices if devices.count(g) > 1)
@@ -80,7 +98,7 @@ def check_burst(plan: Plan, num_layers: int, num_gpus: int) -> None:
     at least one sample per GPU."""
     if len(plan.burst) != num_layers:
         raise PlanError(f"the burst plan gives GPUs for {len(plan.burst)} layers but the model has {num_layers}")
-    batch = plan.micro_batch_size
+    batch = plan.strategy.micro_batch_size
     for i, devices in enumerate(plan.burst):
         outside = [g for g in devices if g >= num_gpus]
         if outside:
@@ -165,9 +183,6 @@ def _layer_devices(entry: object, where: str) -> tuple[int, ...]:
 
 def burst_from_dict(data: dict[str, Any], where: str, common: dict[str, Any]) -> Plan:
     """The burst form of a plan file (see the module docstring); `common` holds model, cluster, nodes and note."""
-    other = sorted(set(data) - _FILE_KEYS)
-    if other:
-        raise PlanError(f"{where}: {other[0]} does not apply to a burst plan (keys: {', '.join(sorted(_FILE_KEYS))})")
     batch = data.get("batch")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise PlanError(f"{where}: a burst plan needs batch: the samples per iteration (a positive integer), got "
@@ -188,23 +203,137 @@ def burst_from_dict(data: dict[str, Any], where: str, common: dict[str, Any]) ->
     if not isinstance(grad_sync, str):
         raise PlanError(f"{where}: grad_sync must be a string, got {grad_sync!r}")
     try:
-        return Plan(burst=tuple(layouts), micro_batch_size=batch, grad_sync=grad_sync, **common)
+        return Plan(strategy=_pipeline(batch, grad_sync), kind="burst", layout=tuple(layouts), **common)
     except DistsimError as exc:
         raise PlanError(f"{where}: {exc}") from None
 
 
 def burst_to_dict(plan: Plan) -> dict[str, object]:
-    """A burst plan's file form: ``counts`` when every layer runs on GPUs 0..g-1, else ``layers``."""
-    out: dict[str, object] = {"kind": "burst", "model": plan.model, "cluster": plan.cluster}
-    if plan.nodes is not None:
-        out["nodes"] = plan.nodes
-    out["batch"] = plan.micro_batch_size
-    if plan.grad_sync != "bulk":
-        out["grad_sync"] = plan.grad_sync
+    """A burst plan's keys: ``counts`` when every layer runs on GPUs 0..g-1, else ``layers``."""
+    out: dict[str, object] = {"batch": plan.strategy.micro_batch_size}
+    if plan.strategy.grad_sync != "bulk":
+        out["grad_sync"] = plan.strategy.grad_sync
     if all(d == tuple(range(len(d))) for d in plan.burst):
         out["counts"] = format_counts([len(d) for d in plan.burst])
     else:
         out["layers"] = [len(d) if d == tuple(range(len(d))) else {"gpus": format_devices(d)} for d in plan.burst]
-    if plan.note:
-        out["note"] = dict(plan.note)
     return out
+
+
+def _pipeline(batch: int, grad_sync: str) -> Strategy:
+    """A burst plan's schedule-level view: one stage, one batch of `batch` samples."""
+    check_batch(batch)
+    return Strategy(micro_batch_size=batch, grad_sync=grad_sync)
+
+
+def burst_memory(model: Model, layouts: tuple[tuple[int, ...], ...], batch: int,
+                 capacity_bytes: float) -> list[MemoryEstimate]:  # fmt: skip
+    """One estimate per GPU of a burst plan (``rank`` = the GPU id): the training state of every layer the GPU runs
+    (a tied pair on one GPU stored once) and the activations each of those layers keeps for the GPU's shard of the
+    batch from its forward to its backward (one batch in flight, no recomputation or sharding)."""
+    samples: dict[int, dict[int, int]] = {}  # gpu -> layer -> samples of its shard
+    for i, devices in enumerate(layouts):
+        for g, (lo, hi) in shards(batch, devices).items():
+            samples.setdefault(g, {})[i] = hi - lo
+    p = model.precision
+    out = []
+    for g in sorted(samples):
+        held = samples[g]
+        params = model.rank_params(sorted(held), 1)
+        kept = sum(n * layer_activations(model, i, 1, False, "none").stored for i, n in held.items())
+        out.append(
+            MemoryEstimate(
+                rank=g,
+                params_bytes=params * p.param_bytes,
+                grads_bytes=params * p.grad_bytes,
+                optimizer_bytes=params * p.optimizer_bytes,
+                activations_bytes=kept,
+                in_flight_microbatches=1,
+                capacity_bytes=capacity_bytes,
+                unrecomputed_activations_bytes=kept,
+                unsharded_states_bytes=params * p.state_bytes_per_param,
+            )
+        )
+    return out
+
+
+class BurstKind:
+    name = "burst"
+    marker_keys = frozenset({"batch", "counts", "layers"})
+    file_keys = marker_keys | {"grad_sync"}
+
+    memory_per_gpu = True
+
+    def check_fields(self, plan: Plan) -> None:
+        check_burst_fields(plan)
+
+    def check(self, plan: Plan, num_layers: int, num_gpus: int) -> None:
+        check_burst(plan, num_layers, num_gpus)
+
+    def gpus(self, plan: Plan) -> tuple[int, ...]:
+        return tuple(sorted({g for devices in plan.burst for g in devices}))
+
+    def notation(self, plan: Plan) -> str:
+        return burst_notation(plan.burst)
+
+    def detail(self, plan: Plan) -> str:
+        s = plan.strategy
+        return f"batch={s.micro_batch_size} grad_sync={s.grad_sync}: {describe_layouts(plan.burst)}"
+
+    def summary(self, plan: Plan) -> str:
+        s = plan.strategy
+        return (f"{len(plan.burst)} layers on {plan.num_gpus} GPUs; one batch of {s.micro_batch_size} samples split "
+                f"over each layer's GPUs; grad_sync {s.grad_sync}")  # fmt: skip
+
+    def layout_line(self, plan: Plan) -> tuple[str, str] | None:
+        return "GPUs per layer", describe_layouts(plan.burst)
+
+    def to_dict(self, plan: Plan) -> dict[str, object]:
+        return burst_to_dict(plan)
+
+    def from_dict(self, data: dict[str, Any], where: str, common: dict[str, Any]) -> Plan:
+        return burst_from_dict(data, where, common)
+
+    def build_flow(
+        self, model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions
+    ) -> EventFlow:
+        return build_burst_flow(model, cluster, plan, costs, options)
+
+    def estimate_tasks(
+        self, model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions
+    ) -> int:
+        return estimate_burst_tasks(model, cluster, plan, costs, options)
+
+    def memory(self, model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
+        return burst_memory(model, plan.burst, plan.strategy.micro_batch_size, cluster.gpu.memory_bytes)
+
+
+BURST = register_plan_kind(BurstKind())
+
+
+def burst_plan(
+    model: Model | str, cluster: Cluster | str, counts: Sequence[int], batch: int, nodes: int | None = None, *,
+    devices: Mapping[int, Sequence[int]] | None = None, grad_sync: str = "bulk", **note: object,
+) -> Plan:  # fmt: skip
+    """A burst plan (DeepPool) training one batch of `batch` samples: layer i (in model order) on GPUs
+    0..counts[i]-1, or on ``devices[i]`` where given (concurrent branches placed side by side; its length must be
+    counts[i]). Checked against the model and the cluster when they are given as objects (else when simulated);
+    `nodes` defaults to a given cluster's node count."""
+    devices = devices or {}
+    layouts = []
+    for i, g in enumerate(counts):
+        own = tuple(int(x) for x in devices[i]) if i in devices else tuple(range(g))
+        if len(own) != g:
+            raise PlanError(f"layer {i}: {g} GPUs counted but devices {format_devices(own) or 'none'} given")
+        layouts.append(own)
+    if set(devices) - set(range(len(counts))):
+        raise PlanError(f"devices given for layer {max(devices)}, but there are {len(counts)} counts")
+    plan = Plan(
+        model=model if isinstance(model, str) else model.name,
+        cluster=cluster if isinstance(cluster, str) else cluster.name,
+        nodes=nodes if nodes is not None or isinstance(cluster, str) else cluster.nodes,
+        strategy=_pipeline(batch, grad_sync), kind="burst", layout=tuple(layouts), note=dict(note),
+    )  # fmt: skip
+    if not isinstance(model, str):
+        plan.check(model.num_layers, MAX_GPUS if isinstance(cluster, str) else cluster.num_gpus)
+    return plan

@@ -1,6 +1,6 @@
 """Event flow of a burst plan (DeepPool, Park et al.): every layer data-parallel over its own GPUs.
 
-A burst plan (:mod:`distsim.plans.burst_form`) trains one batch of B samples per iteration; layer i runs on its own
+A burst plan (:mod:`distsim.plans.burst`) trains one batch of B samples per iteration; layer i runs on its own
 GPUs,
 each holding a contiguous slice of the batch (:func:`distsim.plans.redistribution.shards`). One iteration:
 
@@ -36,12 +36,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
+from collections.abc import Sequence
 
 from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Model
 from distsim.core.placement import CommInstance, group_instances
 from distsim.core.schedules import build_schedule
-from distsim.plans.plan import Plan, PlanError, check_plan
+from distsim.core.sync import GradUnit, Lowered, SyncContext, lower
+from distsim.plans.plan import Plan, PlanError
 from distsim.plans.redistribution import redistribution, redistribution_cost, scope_of, shards
 from distsim.sim.costs import CommEvent, CostSource
 from distsim.sim.flow.comm import CommWriter, models_host
@@ -61,8 +63,8 @@ def build_burst_flow(
     options = options or FlowOptions()
     if options.symmetric is True:
         raise PlanError("a burst plan is always simulated GPU by GPU; symmetric simulation cannot be required")
-    check_plan(plan, model.num_layers, cluster.num_gpus)
-    strategy = plan.pipeline_strategy()
+    plan.check(model.num_layers, cluster.num_gpus)
+    strategy = plan.strategy
     stage_ranges = tuple((i, i + 1) for i in range(model.num_layers))  # a layer's template is its own stage's
     represents = {g: (g,) for g in plan.gpus}
     flow = EventFlow(model, cluster, strategy, build_schedule(strategy), None, stage_ranges, False, represents)
@@ -76,9 +78,10 @@ def estimate_burst_tasks(
     """How many tasks :func:`build_burst_flow` would emit at most, counted from the plan and the model without
     building anything (a transfer that moves nothing, or an all-reduce of no bytes, is left out of the flow)."""
     options = options or FlowOptions()
-    check_plan(plan, model.num_layers, cluster.num_gpus)
-    host = models_host(options, model, cluster, plan.pipeline_strategy(), costs)
-    shadows = overlap_shadows(costs) if plan.grad_sync == "wfbp" else 0
+    plan.check(model.num_layers, cluster.num_gpus)
+    host = models_host(options, model, cluster, plan.strategy, costs)
+    overlapped = bool(lower_sync(plan.strategy.grad_sync, [1] * model.num_layers).by_layer)
+    shadows = overlap_shadows(costs) if overlapped else 0
     layouts = plan.burst
     total = 0
     for i, devices in enumerate(layouts):
@@ -90,6 +93,15 @@ def estimate_burst_tasks(
     total += len({(u, layouts[v]) for u, v in moved}) + len(moved)  # forward: per consumer layout; backward: per edge
     total += sum(layer.tied_to is not None for layer in model.layers)
     return total + len(plan.gpus) * (2 if host else 1)
+
+
+def lower_sync(grad_sync: str, grad_bytes: Sequence[int]) -> Lowered:
+    """A burst plan's gradient synchronisation through the sync registry (:mod:`distsim.core.sync`): one unit per
+    layer, in backward order. Each bucket's layers are all-reduced one by one over each layer's own GPUs (their GPU
+    sets differ), when the bucket is ready: after that layer's backward (``by_layer``) or after the whole backward
+    (``at_end``)."""
+    units = tuple(GradUnit(v, (n,)) for v, n in reversed(list(enumerate(grad_bytes))))
+    return lower(grad_sync, SyncContext(units, allreduce_s=lambda nbytes: 0.0))
 
 
 def _holders(slices: list[tuple[int, tuple[int, int]]], starts: list[int], lo: int, hi: int) -> list[int]:
@@ -108,7 +120,7 @@ class _BurstBuilder(CommWriter):
     def __init__(self, flow: EventFlow, plan: Plan, costs: CostSource, options: FlowOptions):
         super().__init__(flow, costs, options)
         model = flow.model
-        self.plan, self.batch, self.layouts = plan, plan.micro_batch_size, plan.burst
+        self.plan, self.batch, self.layouts = plan, plan.strategy.micro_batch_size, plan.burst
         self.shards = [shards(self.batch, d) for d in self.layouts]
         self._order = [sorted(s.items(), key=lambda x: x[1][0]) for s in self.shards]
         self._starts = [[lo for _, (lo, _hi) in order] for order in self._order]
@@ -122,6 +134,7 @@ class _BurstBuilder(CommWriter):
         self.sent: dict[tuple[str, int, Layout], int | None] = {}  # (phase, producer or edge, layout) -> transfer
         self.groups: dict[Layout, CommInstance] = {}
         self.grad_bytes, self.tied = self._gradients()
+        self.lowered = lower_sync(plan.strategy.grad_sync, self.grad_bytes)
 
     # ------------------------------------------------------------------------------------------------- helpers
     def template(self, layer: int, samples: int) -> dict[str, list[StageOp]]:
@@ -233,8 +246,9 @@ class _BurstBuilder(CommWriter):
             if not incoming:  # the loss: backward follows the forward
                 deps = [self.fwd[(v, g)]]
             self.bwd[(v, g)] = self.compute(v, "B", g, hi - lo, list(dict.fromkeys(deps)))
-        if self.plan.grad_sync == "wfbp":
-            self.sync(v, [self.bwd[(v, g)] for g in layouts[v]], overlap=v > 0)
+        for bucket in self.lowered.by_layer.get(v, ()):
+            for u in bucket.layers:
+                self.sync(u, [self.bwd[(u, g)] for g in layouts[u]], overlap=v > 0)
 
     def sync(self, v: int, deps: list[int], overlap: bool) -> None:
         """Layer v's gradients all-reduced over its own GPUs."""
@@ -247,8 +261,8 @@ class _BurstBuilder(CommWriter):
         """Bulk: every layer's all-reduce after its GPUs' backward; tied copies' all-reduce; each GPU's step."""
         flow, model = self.flow, self.flow.model
         last = flow._last
-        if self.plan.grad_sync == "bulk":
-            for v in reversed(range(model.num_layers)):
+        for bucket in self.lowered.at_end:
+            for v in bucket.layers:
                 self.sync(v, [last[(g, S_COMPUTE)] for g in self.layouts[v]], overlap=False)
         gpn = flow.cluster.gpus_per_node
         for i, t in self.tied:

@@ -13,10 +13,11 @@ from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
 from distsim.plans.plan import Plan
-from distsim.sim import engine
+from distsim.sim import engine, metrics
 from distsim.sim.flow.events import EventFlow, FlowOptions
 from distsim.sim.memory import MemoryEstimate
-from distsim.sim.timeline import GPUStats, Timeline, flow_stats, from_flow
+from distsim.sim.metrics import GPUStats
+from distsim.sim.timeline import Timeline, from_flow
 
 
 @dataclass
@@ -56,7 +57,7 @@ class SimResult:
 
     @cached_property
     def _stats(self) -> tuple[float, list[GPUStats]]:
-        return flow_stats(self.flow, self.tasks.start_s, self.tasks.end_s)
+        return metrics.flow_stats(self.flow, self.tasks.start_s, self.tasks.end_s)
 
     @property
     def num_gpus(self) -> int:
@@ -85,20 +86,19 @@ class SimResult:
 
     @property
     def per_gpu(self) -> list[GPUStats]:
-        """Busy compute, communication, exposed communication and idle seconds of every GPU."""
+        """Busy compute, communication, exposed communication and idle seconds of every GPU (from the flow's arrays:
+        :func:`distsim.sim.metrics.flow_stats`, equal to :func:`distsim.sim.metrics.gpu_stats` of the timeline)."""
         return self._stats[1]
 
     @property
     def bubble_fraction(self) -> float:
-        t = self.iteration_time_s
-        stats = self.per_gpu
-        return sum(s.idle_s for s in stats) / (len(stats) * t) if t > 0 and stats else 0.0
+        """Mean idle share of the iteration (:func:`distsim.sim.metrics.bubble_fraction`)."""
+        return metrics.bubble_fraction(self.per_gpu, self.iteration_time_s)
 
     @property
     def exposed_comm_s(self) -> float:
         """Mean over GPUs of the communication time not hidden behind compute."""
-        stats = self.per_gpu
-        return sum(s.exposed_comm_s for s in stats) / len(stats) if stats else 0.0
+        return metrics.mean_exposed_comm(self.per_gpu)
 
     @property
     def peak_memory_bytes(self) -> float:

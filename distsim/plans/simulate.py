@@ -1,10 +1,14 @@
-"""Public entry point: simulate one training iteration and collect everything users look at."""
+"""Public entry point: simulate one training iteration and collect everything users look at.
+
+:func:`simulate` resolves the plan (a strategy is a uniform plan), has its kind (:mod:`distsim.plans.kinds`) build
+the event flow, runs the engine and returns a :class:`~distsim.plans.result.SimResult`, whose metrics come from
+the flow and its timeline."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -12,76 +16,13 @@ from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
+from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.plan import Plan
 from distsim.plans.result import SimResult
+from distsim.plans.uniform import plan_from_strategy
 from distsim.sim import engine
 from distsim.sim.costs import AnalyticCosts, CostSource
 from distsim.sim.flow.events import EventFlow, FlowOptions
-from distsim.sim.flow.uniform import build_flow, estimate_tasks
-from distsim.sim.memory import MemoryEstimate, burst_memory, estimate_memory
-
-
-@dataclass(frozen=True)
-class PlanKind:
-    """How :func:`simulate` handles one kind of plan (a uniform plan is simulated from its strategy): its event-flow
-    builder, its task count before building, its memory per GPU (or pipeline rank) and a one-line description."""
-
-    build: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], EventFlow]
-    estimate: Callable[[Model, Cluster, Plan, CostSource, FlowOptions], int]
-    memory: Callable[[Model, Cluster, Plan, EventFlow], list[MemoryEstimate]]
-    detail: Callable[[Plan], str]
-
-
-def _stages_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
-    from distsim.plans.stages_flow import build_plan_flow
-
-    return build_plan_flow(model, cluster, plan, costs, options)
-
-
-def _stages_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
-    from distsim.plans.stages_flow import estimate_plan_tasks
-
-    return estimate_plan_tasks(model, cluster, plan, costs, options)
-
-
-def _stages_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
-    samples = [max(hi - lo for lo, hi in plan.replica_samples(s)) for s in range(len(plan.stages))]
-    return estimate_memory(model, flow.strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes, samples)
-
-
-def _stages_detail(plan: Plan) -> str:
-    stages = "; ".join(f"layers {a}-{b - 1} on {len(st.devices)} GPU(s)" for st in plan.stages for a, b in [st.layers])
-    return f"mbs={plan.micro_batch_size} mb={plan.micro_batches} schedule={plan.schedule}: {stages}"
-
-
-def _burst_build(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> EventFlow:
-    from distsim.plans.burst_flow import build_burst_flow
-
-    return build_burst_flow(model, cluster, plan, costs, options)
-
-
-def _burst_estimate(model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions) -> int:
-    from distsim.plans.burst_flow import estimate_burst_tasks
-
-    return estimate_burst_tasks(model, cluster, plan, costs, options)
-
-
-def _burst_memory(model: Model, cluster: Cluster, plan: Plan, flow: EventFlow) -> list[MemoryEstimate]:
-    return burst_memory(model, plan.burst, plan.micro_batch_size, cluster.gpu.memory_bytes)
-
-
-def _burst_detail(plan: Plan) -> str:
-    from distsim.plans.burst_form import describe_layouts
-
-    return f"batch={plan.micro_batch_size} grad_sync={plan.grad_sync}: {describe_layouts(plan.burst)}"
-
-
-PLAN_SIMULATORS: dict[str, PlanKind] = {
-    "stages": PlanKind(_stages_build, _stages_estimate, _stages_memory, _stages_detail),
-    "burst": PlanKind(_burst_build, _burst_estimate, _burst_memory, _burst_detail),
-}
-"""Plan kind -> how it is simulated (:data:`distsim.plans.plan.PLAN_KINDS` but uniform, which is its strategy)."""
-
 
 DEFAULT_MAX_TASKS = 5_000_000
 """Most tasks one simulate() call may run (tasks of the event flow times the runs: 1, or ``samples``); above it the
@@ -108,21 +49,22 @@ def estimate_size(
     """(tasks of the event flow, runs) that :func:`simulate` with these arguments would execute, computed from the
     strategy or plan and the model without building anything (the strategy is validated on the way)."""
     costs = costs if costs is not None else AnalyticCosts(cluster)
-    options, target = _resolve(strategy, options or FlowOptions(), samples)
-    if isinstance(target, Plan):
-        tasks = PLAN_SIMULATORS[target.kind].estimate(model, cluster, target, costs, replace(options, symmetric=False))
-    else:
-        tasks = estimate_tasks(model, cluster, target, costs, options)
-    return tasks, max(1, samples)
+    options, plan = _resolve(model, cluster, strategy, options or FlowOptions(), samples)
+    return PLAN_KINDS[plan.kind].estimate_tasks(model, cluster, plan, costs, options), max(1, samples)
 
 
-def _resolve(strategy: Strategy | Plan, options: FlowOptions, samples: int) -> tuple[FlowOptions, Strategy | Plan]:
-    """Stochastic runs simulate every GPU; a uniform plan is its strategy."""
+def _resolve(
+    model: Model, cluster: Cluster, target: Strategy | Plan, options: FlowOptions, samples: int
+) -> tuple[FlowOptions, Plan]:
+    """The plan to simulate (a strategy is a uniform plan) and its options: stochastic runs, and plans of a kind
+    other than uniform, simulate every GPU."""
     if samples > 0:
         options = replace(options, symmetric=False, exact_host=True)  # sampled durations: every launch constraint
-    if isinstance(strategy, Plan) and strategy.strategy is not None:
-        return options, strategy.strategy
-    return options, strategy
+    if isinstance(target, Strategy):
+        target = plan_from_strategy(target, model.name, cluster.name)
+    if target.kind != "uniform":
+        options = replace(options, symmetric=False)
+    return options, target
 
 
 def check_size(tasks: int, runs: int, max_tasks: int | None) -> None:
@@ -172,27 +114,19 @@ def simulate(
     options = options or FlowOptions()
     check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
     with engine.paused_gc():  # see there: halves the build of a large flow
-        options, target = _resolve(strategy, options, samples)
-        plan = target if isinstance(target, Plan) else None
-        if plan is not None:
-            flow = PLAN_SIMULATORS[plan.kind].build(model, cluster, plan, costs, replace(options, symmetric=False))
-            strategy = flow.strategy
-        else:
-            assert isinstance(target, Strategy)
-            strategy = target
-            flow = build_flow(model, cluster, strategy, costs, options)
+        options, plan = _resolve(model, cluster, strategy, options, samples)
+        kind = PLAN_KINDS[plan.kind]
+        flow = kind.build_flow(model, cluster, plan, costs, options)
         sampled: list[float] | None = None
         if samples > 0:
             result, sampled = _stochastic(flow, samples, seed, progress)
         else:
             result = engine.run(flow.duration_s, flow.deps, flow.releases)
-    if plan is not None:
-        memory = PLAN_SIMULATORS[plan.kind].memory(model, cluster, plan, flow)
-    else:
-        memory = estimate_memory(model, strategy, flow.schedule, flow.stage_ranges, cluster.gpu.memory_bytes)
+    memory = kind.memory(model, cluster, plan, flow)
     elapsed = time.perf_counter() - t0
+    strategy = plan.strategy if plan.kind == "uniform" else flow.strategy
     return SimResult(model, cluster, strategy, options, flow, result, memory, costs.name, elapsed,
-                     sorted(sampled) if sampled else None, plan)  # fmt: skip
+                     sorted(sampled) if sampled else None, plan if plan.kind != "uniform" else None)  # fmt: skip
 
 
 def _stochastic(

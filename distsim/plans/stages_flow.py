@@ -26,7 +26,7 @@ from distsim.core.models.graph import Model
 from distsim.core.placement import CommInstance, group_instances, pair_instances
 from distsim.core.schedules import Action, build_schedule
 from distsim.core.sync import SHARDINGS, Bucket, Lowered, lower
-from distsim.plans.plan import Plan, PlanError, check_plan
+from distsim.plans.plan import Plan, PlanError
 from distsim.sim.costs import CostSource
 from distsim.sim.flow.comm import CommWriter, models_host, prefetch_gates
 from distsim.sim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp
@@ -40,13 +40,13 @@ def build_plan_flow(
     model: Model, cluster: Cluster, plan: Plan, costs: CostSource, options: FlowOptions | None = None
 ) -> EventFlow:
     """The full event DAG of one iteration of a stages plan on `cluster`."""
-    if plan.strategy is not None:
-        raise PlanError("a uniform plan is simulated from its strategy (distsim.plans.simulate handles both forms)")
+    if not plan.stages:
+        raise PlanError(f"a {plan.kind} plan is not a stages plan (distsim.plans.simulate handles every kind)")
     options = options or FlowOptions()
     if options.symmetric is True:
         raise PlanError("a stages plan is always simulated GPU by GPU; symmetric simulation cannot be required")
-    check_plan(plan, model.num_layers, cluster.num_gpus)
-    strategy = plan.pipeline_strategy()
+    plan.check(model.num_layers, cluster.num_gpus)
+    strategy = plan.strategy
     schedule = build_schedule(strategy)
     stage_ranges = tuple(s.layers for s in plan.stages)
     represents = {g: (g,) for s in plan.stages for g in s.devices}
@@ -61,21 +61,21 @@ def estimate_plan_tasks(
     """How many tasks :func:`build_plan_flow` would emit, counted from the plan and the model without building
     anything: exact, or slightly above when some all-reduce moves no bytes."""
     options = options or FlowOptions()
-    check_plan(plan, model.num_layers, cluster.num_gpus)
+    plan.check(model.num_layers, cluster.num_gpus)
     shadows = overlap_shadows(costs)
     send_tasks = 1 + (0 if options.p2p_blocking else shadows)
-    strategy = plan.pipeline_strategy()
+    strategy = plan.strategy
     sharding = SHARDINGS[strategy.optimizer_sharding]
     mode = RECOMPUTE[strategy.recompute]
-    total = 0
+    total, m = 0, strategy.num_micro_batches
     for s, stage in enumerate(plan.stages):
         start, end = stage.layers
         r = stage.replicas
         blocks = sum(len(model.layers[i].blocks) for i in range(start, end))
         recomputed = sum(mode.extra_tasks(model.layers[i], lambda b, ph: 0)[0]  # no tensor parallelism in plans
                          for i in recomputed_layers(model, strategy, stage.layers))  # fmt: skip
-        total += plan.micro_batches * 2 * r * blocks + r  # forward and backward on every replica, optimizer step
-        total += plan.micro_batches * r * recomputed  # recomputed forwards in every backward
+        total += m * 2 * r * blocks + r  # forward and backward on every replica, optimizer step
+        total += m * r * recomputed  # recomputed forwards in every backward
         if r > 1:
             held = set(range(start, end))
             during, after = bucket_bound(model, strategy, held)
@@ -85,12 +85,12 @@ def estimate_plan_tasks(
             if sharding.gather_per_layer:  # overlapped: shadows where the group's scope measured interference
                 gathered = sum(round(model.stored_params(i, held, 1) * model.precision.param_bytes) > 0 for i in held)
                 scope = group_instances([stage.devices], cluster.gpus_per_node)[0].scope
-                total += plan.micro_batches * 2 * gathered * (1 + r * int(costs.interference(scope)[0] > 0))
+                total += m * 2 * gathered * (1 + r * int(costs.interference(scope)[0] > 0))
         if s + 1 < len(plan.stages):
-            total += plan.micro_batches * 2 * _transfers(plan, s, s + 1) * send_tasks
+            total += m * 2 * _transfers(plan, s, s + 1) * send_tasks
     widest = max(stage.replicas for stage in plan.stages)
-    if models_host(options, model, cluster, plan.pipeline_strategy(), costs):
-        total += sum(plan.micro_batches * 2 * stage.replicas + stage.replicas for stage in plan.stages)
+    if models_host(options, model, cluster, plan.strategy, costs):
+        total += sum(m * 2 * stage.replicas + stage.replicas for stage in plan.stages)
     return total + sum(layer.tied_to is not None for layer in model.layers) * widest
 
 

@@ -59,8 +59,9 @@ from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
-from distsim.plans.plan import Plan, burst_plan
+from distsim.plans import Plan, burst_plan
 from distsim.plans.simulate import DEFAULT_MAX_TASKS, SimResult, simulate
+from distsim.sim import metrics
 from distsim.sim.costs import AnalyticCosts, CollocationSlowdown, CostSource
 from distsim.sim.flow.events import FlowOptions
 
@@ -241,7 +242,7 @@ def gpu_gaps(result: SimResult) -> dict[int, list[float]]:
     timeline = result.timeline
     iteration = result.iteration_time_s
     out = {g: idle_gaps((np.empty(0), np.empty(0)), iteration) for g in range(result.cluster.num_gpus)}
-    for rep, busy in timeline.busy_segments().items():
+    for rep, busy in metrics.busy_segments(timeline).items():
         gaps = idle_gaps(busy, iteration)
         for g in timeline.represents[rep]:
             out[g] = gaps
@@ -300,7 +301,7 @@ def split_sizes(gpus: int) -> list[int]:
 
 def data_parallel_sync(target: Strategy | Plan) -> str:
     """The burst-plan gradient synchronisation of the foreground's data-parallel baselines."""
-    mode = target.grad_sync
+    mode = target.strategy.grad_sync if isinstance(target, Plan) else target.grad_sync
     return mode if mode == "bulk" else "wfbp"
 
 

@@ -40,7 +40,7 @@ from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.partition import balanced_partition, ranges
-from distsim.plans.plan import Plan
+from distsim.plans import Plan
 from distsim.search.dapple_dp import _Search, beam_width
 from distsim.search.dapple_model import (
     POLICIES,
@@ -83,11 +83,11 @@ class DappleResult:
         c = candidate or self.best
         if c is None:
             raise DistsimError("no plan fits in memory (plan without the memory check to see the fastest anyway)")
-        return Plan(
-            model=model or self.model.name, cluster=cluster or self.cluster.name, nodes=self.cluster.nodes,
-            stages=c.stages, micro_batches=c.micro_batches, micro_batch_size=c.micro_batch_size,
+        return Plan.of_stages(
+            model or self.model.name, cluster or self.cluster.name, c.stages, nodes=self.cluster.nodes,
+            note=dict(note), num_micro_batches=c.micro_batches, micro_batch_size=c.micro_batch_size,
             schedule=self.spec.schedule, warmup_policy=warmup_policy or self.spec.warmup_policy,
-            max_in_flight=self.spec.max_in_flight, note=dict(note),
+            max_in_flight=self.spec.max_in_flight,
         )  # fmt: skip
 
     def to_dict(self) -> dict[str, object]:

@@ -17,7 +17,9 @@ from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.placement import group_instances, pair_instances
-from distsim.plans.plan import StagePlan, split_samples, stages_notation
+from distsim.plans import StagePlan
+from distsim.plans.plan import split_samples
+from distsim.plans.stages import stages_notation
 from distsim.sim.costs import CommEvent, ComputeEvent, CostSource
 
 POLICIES = ("fresh", "append", "scatter")

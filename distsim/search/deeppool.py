@@ -39,7 +39,7 @@ import numpy as np
 
 from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Model
-from distsim.plans.plan import Plan, burst_plan
+from distsim.plans import Plan, burst_plan
 from distsim.plans.redistribution import redistribution, scope_of, transfer_cost
 from distsim.search.deeppool_graph import Block, Branch, BurstError, decompose, side_by_side
 from distsim.sim.costs import CommEvent, ComputeEvent, CostSource
@@ -458,7 +458,7 @@ def to_plan(
     result: BurstResult, model_name: str, cluster_name: str, batch: int, nodes: int,
     devices: Mapping[int, Sequence[int]] | None = None, grad_sync: str = "bulk", **note: object,
 ) -> Plan:  # fmt: skip
-    """A burst plan (:func:`distsim.plans.plan.burst_plan`) of the planner's counts: layer i on GPUs 0..g_i-1, or on
+    """A burst plan (:func:`distsim.plans.burst.burst_plan`) of the planner's counts: layer i on GPUs 0..g_i-1, or on
     ``devices[i]`` (:func:`side_by_side`); `grad_sync` bulk is the planner's no-overlap assumption. The planner's own
     figures go into the plan's note."""
     note = {"driver": "distsim search deeppool", "planner_estimate_s": round(result.time_s, 9),

@@ -8,13 +8,13 @@ for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
-from distsim.plans.plan import Plan
+from distsim.plans import PLAN_KINDS, Plan
 from distsim.sim.costs import CollocationSlowdown, CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
 from distsim.sim.flow.events import EventFlow, FlowOptions
 from distsim.sim.flow.templates import derived_blocks
@@ -109,7 +109,7 @@ class Discovery:
         return out
 
     def report(self) -> str:
-        plans = sum(isinstance(s.strategy, Plan) and s.strategy.strategy is None for s in self.strategies)
+        plans = sum(isinstance(s.strategy, Plan) and s.strategy.kind != "uniform" for s in self.strategies)
         n = len(self.strategies) - plans
         counted = [f"{n} strateg{'y' if n == 1 else 'ies'}"] if n or not plans else []
         counted += [f"{plans} plan{'' if plans == 1 else 's'}"] if plans else []
@@ -158,16 +158,12 @@ def discover(
 def _flow(model: Model, cluster: Cluster, target: Strategy | Plan, costs: CostSource,
           options: FlowOptions | None) -> EventFlow:  # fmt: skip
     """The event flow the simulator builds for a strategy or a plan."""
-    if isinstance(target, Plan) and target.strategy is None:
-        from dataclasses import replace
-
-        from distsim.plans.simulate import PLAN_SIMULATORS
-
-        return PLAN_SIMULATORS[target.kind].build(model, cluster, target, costs,
-                                                  replace(options or FlowOptions(), symmetric=False))  # fmt: skip
-    strategy = target.strategy if isinstance(target, Plan) and target.strategy is not None else target
-    assert isinstance(strategy, Strategy)
-    return build_flow(model, cluster, strategy, costs, options)
+    if isinstance(target, Strategy):
+        return build_flow(model, cluster, target, costs, options)
+    options = options or FlowOptions()
+    if target.kind != "uniform":
+        options = replace(options, symmetric=False)
+    return PLAN_KINDS[target.kind].build_flow(model, cluster, target, costs, options)
 
 
 def shard_strategies(plans: list[Plan]) -> list[Strategy]:
@@ -178,7 +174,8 @@ def shard_strategies(plans: list[Plan]) -> list[Strategy]:
     sizes: set[int] = set()
     for plan in plans:
         if plan.burst:
-            sizes |= {hi - lo for devices in plan.burst for lo, hi in shards(plan.micro_batch_size, devices).values()}
+            batch = plan.strategy.micro_batch_size
+            sizes |= {hi - lo for devices in plan.burst for lo, hi in shards(batch, devices).values()}
         elif plan.stages:
             sizes |= {hi - lo for s in range(len(plan.stages)) for lo, hi in plan.replica_samples(s)}
     return [Strategy(micro_batch_size=n) for n in sorted(sizes)]

@@ -262,36 +262,3 @@ def estimate_memory(
             )
         )
     return out
-
-
-def burst_memory(model: Model, layouts: tuple[tuple[int, ...], ...], batch: int,
-                 capacity_bytes: float) -> list[MemoryEstimate]:  # fmt: skip
-    """One estimate per GPU of a burst plan (``rank`` = the GPU id): the training state of every layer the GPU runs
-    (a tied pair on one GPU stored once) and the activations each of those layers keeps for the GPU's shard of the
-    batch from its forward to its backward (one batch in flight, no recomputation or sharding)."""
-    from distsim.plans.redistribution import shards
-
-    samples: dict[int, dict[int, int]] = {}  # gpu -> layer -> samples of its shard
-    for i, devices in enumerate(layouts):
-        for g, (lo, hi) in shards(batch, devices).items():
-            samples.setdefault(g, {})[i] = hi - lo
-    p = model.precision
-    out = []
-    for g in sorted(samples):
-        held = samples[g]
-        params = model.rank_params(sorted(held), 1)
-        kept = sum(n * layer_activations(model, i, 1, False, "none").stored for i, n in held.items())
-        out.append(
-            MemoryEstimate(
-                rank=g,
-                params_bytes=params * p.param_bytes,
-                grads_bytes=params * p.grad_bytes,
-                optimizer_bytes=params * p.optimizer_bytes,
-                activations_bytes=kept,
-                in_flight_microbatches=1,
-                capacity_bytes=capacity_bytes,
-                unrecomputed_activations_bytes=kept,
-                unsharded_states_bytes=params * p.state_bytes_per_param,
-            )
-        )
-    return out
