@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from distsim import FlowOptions, Strategy, simulate
 from distsim.core.cluster import Cluster
 from distsim.core.models import Model, model_from_dict
+from distsim.sim.metrics import gpu_stats
 from tests.util import InterferingCosts, hand_cluster
 
 EXAMPLES = int(os.environ.get("DISTSIM_HYPOTHESIS_EXAMPLES", "80"))  # raise it for a longer hunt
@@ -255,4 +256,4 @@ def test_metrics_from_the_flow_equal_those_of_the_timeline(sc: Scenario) -> None
     """The metrics come from the flow's arrays (a grid search never builds the timeline); the timeline agrees."""
     r = _run(sc)
     metrics = (r.iteration_time_s, r.per_gpu)
-    assert metrics == (r.timeline.iteration_time_s, r.timeline.gpu_stats())
+    assert metrics == (r.timeline.iteration_time_s, gpu_stats(r.timeline))

@@ -8,7 +8,9 @@
 * **Per-stage error**: for every (stage, forward/backward, micro-batch) action, the error of its start and of its end,
   relative to the iteration time (a backward action's recomputed forwards are an action of their own).
 
-Errors against several measured iterations are computed per iteration and summarised by their median.
+Errors against several measured iterations are computed per iteration and summarised by their median. Iteration
+times, and the per-GPU busy time, bubble fraction and exposed communication kept beside the errors, are
+:mod:`distsim.sim.metrics`' functions, the same for the measured and the predicted timeline.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from distsim.sim import metrics
+from distsim.sim.metrics import Metrics
 from distsim.sim.timeline import Timeline
 
 COMPUTE = ("forward", "recompute", "backward")
@@ -68,7 +72,7 @@ class Comparison:
 
 def compare(predicted: Timeline, measured: Timeline) -> Comparison:
     pred, meas = block_spans(predicted.expand().df), block_spans(measured.df)
-    t = measured.iteration_time_s
+    t = metrics.iteration_time(measured)
     both = pred.merge(meas, on=KEY, suffixes=("_p", "_m"))
     both["start_err"] = (both["start_s_p"] - both["start_s_m"]).abs() / t
     both["end_err"] = (both["end_s_p"] - both["end_s_m"]).abs() / t
@@ -81,7 +85,7 @@ def compare(predicted: Timeline, measured: Timeline) -> Comparison:
     actions["end_error"] = (actions["end_p"] - actions["end_m"]).abs() / t
     per_stage = actions.reset_index()[["gpu", "stage", "kind", "microbatch", "start_error", "end_error"]]
     unmatched = len(pred) + len(meas) - 2 * len(both)
-    return Comparison(predicted.iteration_time_s, t, per_gpu, per_stage, len(both), unmatched)
+    return Comparison(metrics.iteration_time(predicted), t, per_gpu, per_stage, len(both), unmatched)
 
 
 @dataclass
@@ -95,6 +99,10 @@ class Validation:
     iteration_times_s: list[float] = field(default_factory=list)
     deterministic_s: float | None = None
     """The prediction with mean durations (when the main prediction is stochastic)."""
+    predicted_metrics: Metrics | None = None
+    """The predicted timeline's iteration time and per-GPU stats (:func:`distsim.sim.metrics.of_timeline`)."""
+    measured_metrics: list[Metrics] = field(default_factory=list)
+    """The same of every measured iteration (their iteration times are `iteration_times_s`)."""
 
     @property
     def batch_error(self) -> float:
@@ -147,6 +155,8 @@ def validate_timelines(predicted: Timeline, measured: list[Timeline], predicted_
     """Compare a predicted timeline with every measured iteration; `predicted_s` overrides the predicted iteration
     time (a stochastic simulation's median)."""
     comparisons = [compare(predicted, m) for m in measured]
-    times = [m.iteration_time_s for m in measured]
-    predicted_s = predicted.iteration_time_s if predicted_s is None else predicted_s
-    return Validation(comparisons, predicted_s, statistics.median(times), times)
+    predicted_metrics, measured_metrics = metrics.of_timeline(predicted), [metrics.of_timeline(m) for m in measured]
+    times = [m.iteration_time_s for m in measured_metrics]
+    predicted_s = predicted_metrics.iteration_time_s if predicted_s is None else predicted_s
+    return Validation(comparisons, predicted_s, statistics.median(times), times,
+                      predicted_metrics=predicted_metrics, measured_metrics=measured_metrics)  # fmt: skip

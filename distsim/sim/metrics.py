@@ -1,0 +1,192 @@
+"""Metrics of a timeline, the same for simulated and measured runs: per-GPU busy time, bubble fraction, exposed
+communication, iteration time.
+
+Per GPU, ``compute_s + exposed_comm_s + idle_s = iteration_time_s``: compute is the time compute kernels run,
+exposed communication the time communication runs while no compute does, and idle the rest (pipeline bubbles and
+waiting). Host rows (the host enqueuing kernels) count for the iteration's length but are not device time, so not in
+a GPU's busy, communication or idle time. The bubble fraction is the mean idle share of the iteration (GPipe's
+(S-1)/(M+S-1) for uniform stages without communication); the exposed communication of a run is the mean over GPUs.
+
+Every metric is a pure function: of a :class:`~distsim.sim.timeline.Timeline` (:func:`of_timeline`, what
+validation computes for a measured trace and for the prediction alike), of the rows as arrays
+(:func:`stats_of_rows`), or of an executed event flow's task arrays (:func:`flow_stats`, what
+:class:`~distsim.plans.result.SimResult` uses: a grid search never builds the timeline's DataFrame). All give the
+same numbers for the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from distsim.sim.timeline import COMPUTE_KINDS, HOST_KINDS, Timeline, slot_rows
+
+
+@dataclass(frozen=True)
+class GPUStats:
+    gpu: int
+    node: int
+    compute_s: float
+    comm_s: float
+    """Time any communication runs (overlapped or not)."""
+    exposed_comm_s: float
+    """Time communication runs while no compute does."""
+    idle_s: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "gpu": self.gpu,
+            "node": self.node,
+            "busy_compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "idle_s": self.idle_s,
+        }
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A run's iteration time and per-GPU stats, and the figures derived from them."""
+
+    iteration_time_s: float
+    per_gpu: list[GPUStats]
+
+    @property
+    def bubble_fraction(self) -> float:
+        return bubble_fraction(self.per_gpu, self.iteration_time_s)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return mean_exposed_comm(self.per_gpu)
+
+
+# ------------------------------------------------------------------------------------------------- intervals
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint segments (starts, ends, in time order) that a set of intervals covers; touching intervals
+    join."""
+    if len(starts) == 0:
+        return np.empty(0), np.empty(0)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    breaks = np.empty(len(s), dtype=bool)
+    breaks[0] = True
+    breaks[1:] = s[1:] > reach[:-1]
+    idx = np.flatnonzero(breaks)
+    return s[breaks], np.maximum.reduceat(e, idx)
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by a set of intervals."""
+    seg_start, seg_end = merge_intervals(starts, ends)
+    return float(np.sum(seg_end - seg_start))
+
+
+# ------------------------------------------------------------------------------------------ figures of stats
+def span(start_s: np.ndarray, end_s: np.ndarray) -> float:
+    """From the first start to the last end of a set of rows (every stream, host rows included); 0 for none."""
+    if len(start_s) == 0:
+        return 0.0
+    return float(end_s.max() - start_s.min())
+
+
+def bubble_fraction(per_gpu: Sequence[GPUStats], iteration_s: float) -> float:
+    """The mean idle share of an iteration of `iteration_s` over the GPUs (0 for none or an empty iteration)."""
+    return sum(s.idle_s for s in per_gpu) / (len(per_gpu) * iteration_s) if iteration_s > 0 and per_gpu else 0.0
+
+
+def mean_exposed_comm(per_gpu: Sequence[GPUStats]) -> float:
+    """Mean over GPUs of the communication time not hidden behind compute."""
+    return sum(s.exposed_comm_s for s in per_gpu) / len(per_gpu) if per_gpu else 0.0
+
+
+# ----------------------------------------------------------------------------------------------- of a timeline
+def iteration_time(timeline: Timeline) -> float:
+    """From the first start to the last end of the timeline's rows, every stream included: the timeline's own
+    :attr:`~distsim.sim.timeline.Timeline.iteration_time_s` (:func:`span` is the same of row arrays)."""
+    return timeline.iteration_time_s
+
+
+def gpu_stats(timeline: Timeline) -> list[GPUStats]:
+    """Busy compute, communication, exposed communication and idle seconds of every GPU the timeline describes
+    (expanded: a simulated GPU's stats stand for every GPU it represents)."""
+    df = timeline.df
+    kind = df["kind"].astype(str).to_numpy()
+    return stats_of_rows(df["gpu"].to_numpy(), np.isin(kind, COMPUTE_KINDS), df["start_s"].to_numpy(),
+                         df["end_s"].to_numpy(), timeline.represents, timeline.gpus_per_node,
+                         ~np.isin(kind, HOST_KINDS))  # fmt: skip
+
+
+def of_timeline(timeline: Timeline) -> Metrics:
+    """The iteration time and per-GPU stats of a timeline, simulated or measured."""
+    return Metrics(iteration_time(timeline), gpu_stats(timeline))
+
+
+def busy_segments(timeline: Timeline) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per simulated GPU (a key of ``represents``), the disjoint segments in which any of its device streams runs
+    something, in seconds from the iteration's start (host rows, the enqueuing of kernels, are not device time);
+    empty arrays for a GPU that runs nothing. Its idle time is the iteration minus their lengths."""
+    df = timeline.df
+    t0 = float(df["start_s"].min()) if len(df) else 0.0
+    device = ~np.isin(df["kind"].astype(str).to_numpy(), HOST_KINDS)
+    gpu = df["gpu"].to_numpy()[device]
+    start, end = df["start_s"].to_numpy()[device] - t0, df["end_s"].to_numpy()[device] - t0
+    out = {}
+    for rep in timeline.represents:
+        mine = gpu == rep
+        out[rep] = merge_intervals(start[mine], end[mine])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ of row arrays
+def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                  represents: dict[int, tuple[int, ...]], gpus_per_node: int,
+                  on_device: np.ndarray | None = None) -> list[GPUStats]:  # fmt: skip
+    """:func:`gpu_stats` of rows given as arrays (any order): what a timeline's metrics need, without building the
+    timeline (a grid search only wants the metrics). Rows not `on_device` (the host stream) count for the
+    iteration's length but not for a GPU's busy time."""
+    t0 = float(start_s.min()) if len(start_s) else 0.0
+    iteration = float(end_s.max() - t0) if len(end_s) else 0.0
+    if on_device is not None and not on_device.all():
+        gpu, is_compute, start_s, end_s = gpu[on_device], is_compute[on_device], start_s[on_device], end_s[on_device]
+    order = np.argsort(gpu, kind="stable")
+    ids, first = np.unique(gpu[order], return_index=True)
+    ends = [*first[1:].tolist(), len(order)] if len(order) else []  # no device rows: every GPU idles
+    bounds = dict(zip(ids.tolist(), zip(first.tolist(), ends, strict=True), strict=True))
+    out: list[GPUStats] = []
+    for rep, targets in sorted(represents.items()):
+        if rep not in bounds:
+            stats = (0.0, 0.0, 0.0, iteration)
+        else:
+            rows = order[slice(*bounds[rep])]
+            c, s, e = is_compute[rows], start_s[rows] - t0, end_s[rows] - t0
+            compute = union_length(s[c], e[c])
+            comm = union_length(s[~c], e[~c])
+            busy = union_length(s, e)
+            stats = (compute, comm, busy - compute, iteration - busy)
+        for g in targets:
+            out.append(GPUStats(g, g // gpus_per_node, *stats))
+    return sorted(out, key=lambda x: x.gpu)
+
+
+def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, list[GPUStats]]:
+    """The iteration time and per-GPU stats of an executed flow (task start and end times), equal to those of
+    :func:`~distsim.sim.timeline.from_flow`'s timeline, from the flow's arrays."""
+    from distsim.sim.flow.events import KINDS
+
+    idx, gpu, _ = slot_rows(flow)
+    compute = np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in COMPUTE_KINDS])
+    device = ~np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in HOST_KINDS])
+    kind = np.asarray(flow.kind, dtype=np.int8)[idx]
+    start, end = np.asarray(start_s, dtype=np.float64)[idx], np.asarray(end_s, dtype=np.float64)[idx]
+    iteration = span(start, end)
+    return iteration, stats_of_rows(gpu, compute[kind], start, end, dict(flow.represents), flow.cluster.gpus_per_node,
+                                    device[kind])  # fmt: skip
+
+
+def of_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Metrics:
+    """:func:`of_timeline` of :func:`~distsim.sim.timeline.from_flow`'s timeline, without building it."""
+    return Metrics(*flow_stats(flow, start_s, end_s))
