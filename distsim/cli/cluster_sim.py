@@ -10,6 +10,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import FiniteFloatRange, Progress, check_outputs, parse_type_map
+from distsim.cli.options import OutputOptions
 from distsim.core.errors import DistsimError
 from distsim.elastic.cluster_sim import DEFAULT_MAX_JOBS
 
@@ -123,7 +124,7 @@ def cluster_sim(trace_path: str | None, scheduler: str, gpus: str, round_s: floa
     from distsim.elastic.cluster_sim import simulate_cluster
     from distsim.elastic.jobs import read_trace
 
-    check_outputs({"plot_path": plot_path, "as_json": as_json}, {}, {"plot_path": "--plot"})
+    check_outputs(OutputOptions(plot_path=plot_path, as_json=as_json), {}, {"plot_path": "--plot"})
     cluster = parse_gpus(gpus)
     jobs = read_trace(trace_path or DEFAULT_TRACE, max_jobs)
     names = COMPARED if scheduler == "both" else (scheduler,)

@@ -3,11 +3,13 @@ that collocates a background job with its foreground, see :mod:`distsim.search.c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from distsim.cli.common import GB, fmt_time
+from distsim.cli.options import Options
 from distsim.core.errors import DistsimError
 from distsim.plans.plan import format_devices, parse_devices
 from distsim.search.collocate import DEFAULT_BACKGROUND_BATCH, CollocationReport, collocation_report
@@ -36,29 +38,41 @@ def background_options(f: Any) -> Any:
     return f
 
 
-def check_background(kw: dict[str, Any]) -> Any:
+@dataclass(frozen=True)
+class BackgroundOptions(Options):
+    """The options of :func:`background_options`."""
+
+    background_name: str | None = None
+    background_batch: int = DEFAULT_BACKGROUND_BATCH
+    background_gpus: str | None = None
+    min_gap_us: float | None = None
+    collocation_slowdown: float | None = None
+
+
+def check_background(options: BackgroundOptions, samples: int = 0) -> Any:
     """The background model of --background (loaded before anything is simulated), or None; the options that need
-    it are refused without it."""
+    it are refused without it, and --background with stochastic runs (`samples`, simulate's --samples)."""
     from distsim.io.files import load_model
 
-    if not kw["background_name"]:
+    if not options.background_name:
         needs = {"background_gpus": "--background-gpus", "collocation_slowdown": "--collocation-slowdown"}
         for key, option in needs.items():
-            if kw[key] is not None:
+            if getattr(options, key) is not None:
                 raise DistsimError(f"{option} needs --background MODEL")
         return None
-    if kw.get("samples"):
+    if samples:
         raise DistsimError("--background collocates with a deterministic simulation; drop --samples")
-    return load_model(kw["background_name"])
+    return load_model(options.background_name)
 
 
-def collocate_from_options(kw: dict[str, Any], background: Any, model: Any, cluster: Any, target: Any, costs: Any,
-                           options: Any, alone: Any) -> CollocationReport:  # fmt: skip
-    hosts = parse_devices(kw["background_gpus"], "--background-gpus") if kw["background_gpus"] else None
-    min_gap_s = None if kw["min_gap_us"] is None else kw["min_gap_us"] * 1e-6
-    return collocation_report(model, cluster, target, background, costs, background_batch=kw["background_batch"],
-                              slowdown=kw["collocation_slowdown"], min_gap_s=min_gap_s,
-                              options=options, alone=alone, hosts=hosts, max_tasks=kw.get("max_tasks"))  # fmt: skip
+def collocate_from_options(opts: BackgroundOptions, background: Any, model: Any, cluster: Any, target: Any,
+                           costs: Any, options: Any, alone: Any,
+                           max_tasks: int | None = None) -> CollocationReport:  # fmt: skip
+    hosts = parse_devices(opts.background_gpus, "--background-gpus") if opts.background_gpus else None
+    min_gap_s = None if opts.min_gap_us is None else opts.min_gap_us * 1e-6
+    return collocation_report(model, cluster, target, background, costs, background_batch=opts.background_batch,
+                              slowdown=opts.collocation_slowdown, min_gap_s=min_gap_s,
+                              options=options, alone=alone, hosts=hosts, max_tasks=max_tasks)  # fmt: skip
 
 
 def _rate(x: float) -> str:

@@ -7,11 +7,14 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from distsim.core.errors import DistsimError
+
+if TYPE_CHECKING:
+    from distsim.cli.options import CostOptions, ModelOptions, OutputOptions, StrategyOptions, TargetOptions
 
 GB = 1e9
 
@@ -35,6 +38,29 @@ class RegistryChoice(click.Choice):
     @choices.setter
     def choices(self, value: Any) -> None:  # click's __init__ assigns the names: the registry is the truth
         pass
+
+
+class RegistryHelpOption(click.Option):
+    """A click option whose help names a registry's entries where it says ``{names}`` (``A10, A40, ...``) and
+    explains them where it says ``{summaries}`` (``name: its summary; ...``), read each time the help is shown: an
+    entry registered after the CLI was imported is in it too. ``cls=RegistryHelpOption, registry=GPUS``."""
+
+    def __init__(self, *args: Any, registry: Mapping[str, Any], **kwargs: Any) -> None:
+        self._registry = registry
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def help(self) -> str | None:
+        if not self._help:
+            return self._help
+        text = self._help.replace("{names}", ", ".join(self._registry))
+        if "{summaries}" in text:
+            text = text.replace("{summaries}", "; ".join(f"{k}: {v.summary}" for k, v in self._registry.items()))
+        return text
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        self._help = value
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -167,18 +193,18 @@ def scale_options(f: Any) -> Any:
                         )(f)  # fmt: skip
 
 
-def strategy_overrides(kw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def strategy_overrides(options: StrategyOptions) -> tuple[dict[str, Any], list[str]]:
     """Strategy fields given on the command line, and the options that gave them (for messages)."""
     overrides: dict[str, Any] = {}
     given: list[str] = []
     for opt, field_name in STRATEGY_OPTIONS:
-        if kw.get(opt) is not None:
-            overrides[field_name] = kw[opt]
+        if getattr(options, opt) is not None:
+            overrides[field_name] = getattr(options, opt)
             given.append("--" + opt.replace("_", "-"))
-    if kw.get("partition"):
-        overrides["partition"] = parse_partition(kw["partition"])
+    if options.partition:
+        overrides["partition"] = parse_partition(options.partition)
         given.append("--partition")
-    if kw.get("sequence_parallel"):
+    if options.sequence_parallel:
         overrides["sequence_parallel"] = True
         given.append("--sequence-parallel")
     return overrides, given
@@ -198,37 +224,36 @@ def with_scale_options(strategy: Any, overrides: dict[str, Any]) -> Any:
     return strategy.with_(**changes) if changes else strategy
 
 
-def load_model_and_cluster(kw: dict[str, Any]) -> tuple[Any, Any]:
+def load_model_and_cluster(names: ModelOptions) -> tuple[Any, Any]:
     """--model and --cluster (resized by --nodes when given)."""
     from distsim.io.files import load_cluster, load_model
 
-    model = load_model(kw["model_name"])
-    cluster = load_cluster(kw["cluster_name"])
-    if kw.get("nodes"):
-        cluster = cluster.with_nodes(kw["nodes"])
+    model = load_model(names.model_name)
+    cluster = load_cluster(names.cluster_name)
+    if names.nodes:
+        cluster = cluster.with_nodes(names.nodes)
     return model, cluster
 
 
-ALLREDUCE_CHOICES = {"nccl": True, "ring": False}
-"""``--allreduce`` -> whether the analytic costs may take NCCL's tree for an inter-node all-reduce."""
-
-
 def allreduce_option(f: Any) -> Any:
-    """``--allreduce nccl|ring``: the algorithm the analytic costs give an inter-node all-reduce."""
+    """``--allreduce``: the algorithm the analytic costs give an inter-node all-reduce, a name of
+    :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS` (each explained)."""
+    from distsim.core.collectives import ANALYTIC_ALGORITHMS
+
     return click.option(
-        "--allreduce", type=click.Choice(list(ALLREDUCE_CHOICES)), default="nccl", show_default=True,
-        help="Analytic inter-node all-reduce: nccl, ring or double binary tree, whichever NCCL's cost model finds "
-        "faster; ring: ring only, as MG-WFBP's analysis assumes. Measured collectives (--profile) are unaffected.",
+        "--allreduce", type=RegistryChoice(ANALYTIC_ALGORITHMS), default="nccl", show_default=True,
+        cls=RegistryHelpOption, registry=ANALYTIC_ALGORITHMS,
+        help="Analytic inter-node all-reduce. {summaries}. Measured collectives (--profile) are unaffected.",
     )(f)  # fmt: skip
 
 
 def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl") -> Any:
-    """Analytic costs for the cluster (all-reduce algorithm by `allreduce`, a key of :data:`ALLREDUCE_CHOICES`), or a
-    profile's measured costs backed by them."""
+    """Analytic costs for the cluster (inter-node all-reduce by `allreduce`, a name of
+    :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`), or a profile's measured costs backed by them."""
     from distsim.io.files import load_profile
     from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
-    costs = AnalyticCosts(cluster, tree=ALLREDUCE_CHOICES[allreduce])
+    costs = AnalyticCosts(cluster, allreduce=allreduce)
     if profile_path:
         return ProfileCosts(load_profile(profile_path), costs, strict=strict)
     if strict:
@@ -236,8 +261,13 @@ def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, all
     return costs
 
 
-def check_outputs(kw: dict[str, Any], files: dict[str, str], figures: dict[str, str] | None = None) -> str | None:
-    """Check the output options (kw key -> option name) before any work is done; figures also by format.
+def load_costs_for(options: CostOptions, cluster: Any) -> Any:
+    """:func:`load_costs` by the --profile, --strict and --allreduce options."""
+    return load_costs(cluster, options.profile_path, options.strict, options.allreduce)
+
+
+def check_outputs(outputs: OutputOptions, files: dict[str, str], figures: dict[str, str] | None = None) -> str | None:
+    """Check the output options (field of `outputs` -> option name) before any work is done; figures also by format.
 
     Returns the option that writes to standard output ('-'), if one does: the command's own report then goes to
     stderr. Two outputs on stdout, or one with --json, are refused."""
@@ -245,10 +275,10 @@ def check_outputs(kw: dict[str, Any], files: dict[str, str], figures: dict[str, 
 
     on_stdout = []
     for key, option in (*files.items(), *(figures or {}).items()):
-        check_output(kw.get(key), option, figure=key in (figures or {}))
-        if is_stdout(kw.get(key)):
+        check_output(getattr(outputs, key), option, figure=key in (figures or {}))
+        if is_stdout(getattr(outputs, key)):
             on_stdout.append(option)
-    if kw.get("as_json"):
+    if outputs.as_json:
         on_stdout.append("--json")
     if len(on_stdout) > 1:
         raise click.UsageError(f"{' and '.join(on_stdout)} would both write to standard output")
@@ -379,23 +409,26 @@ def write_trace(path: str, timeline: Any, title: str, expand: bool = False, quie
                        progress=progress)  # fmt: skip
 
 
-def load_plan_for(kw: dict[str, Any]) -> Any:
-    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given."""
+def load_plan_for(target: TargetOptions) -> tuple[Any, TargetOptions]:
+    """Read --plan; the plan's model and cluster fill --model/--cluster/--nodes unless those are given (the target
+    returned with the plan)."""
     import os
+    from dataclasses import replace
 
     from distsim.io.files import load_plan
 
-    if kw["strategy_text"]:
+    if target.strategy_text:
         raise click.UsageError("give --strategy or --plan, not both")
-    plan = load_plan(kw["plan_path"])
-    base = os.path.dirname(os.path.abspath(kw["plan_path"]))
+    plan = load_plan(target.plan_path)
+    base = os.path.dirname(os.path.abspath(target.plan_path))
+    filled: dict[str, Any] = {}
     for key, name in (("model_name", plan.model), ("cluster_name", plan.cluster)):
-        if not kw[key]:
+        if not getattr(target, key):
             beside = os.path.join(base, name)  # a file named relative to the plan
-            kw[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
-    if not kw["nodes"] and plan.nodes is not None:
-        kw["nodes"] = plan.nodes
-    return plan
+            filled[key] = beside if not os.path.exists(name) and os.path.exists(beside) else name
+    if not target.nodes and plan.nodes is not None:
+        filled["nodes"] = plan.nodes
+    return plan, replace(target, **filled)
 
 
 def parse_type_map(text: str, option: str, cast: type, canonical: bool = True, minimum: int = 0) -> dict[str, Any]:

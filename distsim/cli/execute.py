@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -14,7 +15,7 @@ from distsim.cli.common import (
     RegistryChoice,
     grad_sync_options,
     invoked_command,
-    load_costs,
+    load_costs_for,
     load_model_and_cluster,
     load_plan_for,
     need_torch,
@@ -22,6 +23,7 @@ from distsim.cli.common import (
     scale_options,
     strategy_overrides,
 )
+from distsim.cli.options import ExecuteArgs, StrategyOptions, TargetOptions
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
 from distsim.io.output import check_output
@@ -86,87 +88,34 @@ def execute(**kw: Any) -> None:
     Elastic (EasyScale's ESTs; bit-identical parameters on 1, 2 or 4 ranks, and across a resume):
       distsim execute --elastic --max-workers 4 --model bert-cpu --steps 3 --emulate-nodes 1 --procs-per-node 2
     """
-    refuse_unused_options(kw)
-    if kw["elastic"]:
+    args = ExecuteArgs.from_params(**kw)
+    refuse_unused_options(args)
+    if args.run.elastic:
         from distsim.cli.execute_elastic import run_elastic
 
-        run_elastic(kw)
+        run_elastic(args)
         return
-    from distsim.core.strategy import Strategy, check_strategy
-    from distsim.executor.support import refuse_unsupported
-    from distsim.executor.worker import CONFIG_ENV, ExecuteConfig
-    from distsim.infra.launch import Emulation
-    from distsim.sim.flow.events import resolve_partition
+    from distsim.executor.worker import CONFIG_ENV
 
-    out = kw["out"]
-    check_output(out, "--out", stream_ok=False)
-    burst = None
-    if kw["plan_path"]:
-        plan = load_plan_for(kw)
-        if plan.kind == "stages":
-            raise DistsimError(f"{kw['plan_path']} is a {plan.kind} plan ({plan.notation()}); distsim execute "
-                               "runs uniform strategies (tp x pp x dp) and burst plans")  # fmt: skip
-        burst = plan if plan.kind == "burst" else None
-        kw["strategy_text"] = plan.pipeline_strategy().describe()  # a burst plan's: one stage, one batch
-        given = strategy_overrides(kw)[1]
-        if given:
-            raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
-    elif not kw["strategy_text"]:
-        raise click.UsageError("give --strategy (e.g. 1M2P1D) or --plan FILE")
-    if not kw["model_name"] or not kw["cluster_name"]:
-        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
-    model, cluster = load_model_and_cluster(kw)
+    check_output(args.run.out, "--out", stream_ok=False)
+    burst, job = _plan_or_strategy(args.job, args.strategy)
+    model, cluster = load_model_and_cluster(job)
     if any(b.op.startswith("torch:") for layer in model.layers for b in layer.blocks):
-        raise DistsimError(f"{kw['model_name']} is the layer graph of your own torch module; distsim execute runs "
+        raise DistsimError(f"{job.model_name} is the layer graph of your own torch module; distsim execute runs "
                            "distsim's blocks, so time the module's own training loop instead "
                            "(benchmarks/torch_model_step.py does, in one process)")  # fmt: skip
-    overrides, _ = strategy_overrides(kw)
-    strategy = Strategy.from_str(kw["strategy_text"], **overrides)
-    if burst is None:  # a burst plan's one-stage view runs on many GPUs: check_plan checks it below
-        check_strategy(strategy, model, cluster)
-    planned = strategy  # as given: a new profile may balance another partition
-    costs = load_costs(cluster, kw["profile_path"])
-    ranges = resolve_partition(model, strategy, costs)
-    if strategy.partition is None:
-        strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
-    refuse_unsupported(model, strategy, ranges)  # recompute none|full, optimizer sharding none|zero1
-    if burst is not None:
-        from distsim.executor.support import refuse_unsupported_burst
-        from distsim.plans.plan import check_plan
-
-        check_plan(burst, model.num_layers, cluster.num_gpus)
-        refuse_unsupported_burst(model, burst)
-    strategy = _with_merge_plan(model, cluster, strategy, costs)
-    _refuse_out_of_memory(model, cluster, burst or strategy, ranges, kw["force"])
+    strategy, planned = _checked_strategy(args, job, model, cluster, burst)
     need_torch("execute")
-    emulation = (
-        Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
-    )
-    if kw["link_bandwidth"] and emulation is None:
-        raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
+    emulation = args.launch.emulation()
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if kw["profile_path"] and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
-        warning = _profile_device_check(kw, burst or planned, emulation, torchrun)
+    if args.costs.profile_path and os.environ.get("RANK", "0") == "0":  # before running: the run is still worth having
+        warning = _profile_device_check(job, args.costs.profile_path, burst or planned, emulation, torchrun)
         if warning:
             click.echo(f"warning: {warning}", err=True)
-    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
-    needed = burst.num_gpus if burst else strategy.num_gpus
-    if ranks != needed:
-        raise DistsimError(f"{burst.notation() if burst else strategy} needs {needed} ranks but this launch starts "
-                           f"{ranks} (--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
-
-    cfg = ExecuteConfig(
-        model=portable(kw["model_name"]), cluster=portable(kw["cluster_name"]), nodes=cluster.nodes,
-        strategy=strategy.describe(), out=os.path.abspath(out), p2p_blocking=kw["p2p_mode"] == "blocking",
-        iterations=kw["iterations"], warmup=kw["warmup"], seed=kw["seed"],
-        check=os.path.abspath(kw["check"]) if kw["check"] else None, timeout_s=kw["timeout"],
-        profile=os.path.relpath(os.path.abspath(kw["profile_path"]), os.path.dirname(os.path.abspath(out)))
-        if kw["profile_path"] else None,  # relative to the trace, so that traces and profiles move together
-        emulation=emulation.to_dict() if emulation else {},
-        command=invoked_command(),
-        burst=_burst_form(burst, kw) if burst else None,
-    )  # fmt: skip
-    what = f"{burst.notation()} (batch {burst.micro_batch_size}, {burst.grad_sync})" if burst else strategy.describe()
+    _check_ranks(burst, strategy, emulation, torchrun)
+    cfg = _config(args, job, cluster, strategy, burst, emulation)
+    b = burst.strategy if burst else None
+    what = f"{burst.notation()} (batch {b.micro_batch_size}, {b.grad_sync})" if burst and b else strategy.describe()
     click.echo(f"executing {model.name} {what} on {cluster.name}", err=True)
     from distsim.executor import worker
 
@@ -175,7 +124,83 @@ def execute(**kw: Any) -> None:
     else:
         from distsim.infra.launch import launch
 
-        launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+        launch("distsim.executor.worker", {CONFIG_ENV: cfg.to_json()}, emulation, args.launch.timeout,
+               what="execution")  # fmt: skip
+
+
+def _plan_or_strategy(job: TargetOptions, given_options: StrategyOptions) -> tuple[Any, TargetOptions]:
+    """The burst plan of --plan (None for --strategy or a uniform plan), and the job with the plan's strategy, model,
+    cluster and nodes."""
+    burst = None
+    if job.plan_path:
+        plan, job = load_plan_for(job)
+        if plan.kind == "stages":
+            raise DistsimError(f"{job.plan_path} is a {plan.kind} plan ({plan.notation()}); distsim execute "
+                               "runs uniform strategies (tp x pp x dp) and burst plans")  # fmt: skip
+        burst = plan if plan.kind == "burst" else None
+        job = replace(job, strategy_text=plan.strategy.describe())  # a burst plan's: one stage, one batch
+        given = strategy_overrides(given_options)[1]
+        if given:
+            raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
+    elif not job.strategy_text:
+        raise click.UsageError("give --strategy (e.g. 1M2P1D) or --plan FILE")
+    if not job.model_name or not job.cluster_name:
+        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
+    return burst, job
+
+
+def _checked_strategy(args: ExecuteArgs, job: TargetOptions, model: Any, cluster: Any, burst: Any) -> tuple[Any, Any]:
+    """The strategy to run (its partition resolved with the costs, a planned gradient sync's merge plan) once the
+    executor supports it and it fits in memory (or --force); and the strategy as given."""
+    from distsim.core.strategy import Strategy, check_strategy
+    from distsim.executor.support import refuse_unsupported
+    from distsim.sim.flow.events import resolve_partition
+
+    overrides, _ = strategy_overrides(args.strategy)
+    strategy = Strategy.from_str(job.strategy_text, **overrides)
+    if burst is None:  # a burst plan's one-stage view runs on many GPUs: check_plan checks it below
+        check_strategy(strategy, model, cluster)
+    planned = strategy  # as given: a new profile may balance another partition
+    costs = load_costs_for(args.costs, cluster)
+    ranges = resolve_partition(model, strategy, costs)
+    if strategy.partition is None:
+        strategy = strategy.with_(partition=tuple(e - s for s, e in ranges))
+    refuse_unsupported(model, strategy, ranges)  # recompute none|full, optimizer sharding none|zero1
+    if burst is not None:
+        from distsim.executor.support import refuse_unsupported_burst
+
+        burst.check(model.num_layers, cluster.num_gpus)
+        refuse_unsupported_burst(model, burst)
+    strategy = _with_merge_plan(model, cluster, strategy, costs)
+    _refuse_out_of_memory(model, cluster, burst or strategy, ranges, args.run.force)
+    return strategy, planned
+
+
+def _check_ranks(burst: Any, strategy: Any, emulation: Any, torchrun: bool) -> None:
+    """Refuse a launch of another number of ranks than the plan's GPUs."""
+    ranks = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
+    needed = burst.num_gpus if burst else strategy.num_gpus
+    if ranks != needed:
+        raise DistsimError(f"{burst.notation() if burst else strategy} needs {needed} ranks but this launch starts "
+                           f"{ranks} (--emulate-nodes x --procs-per-node, or torchrun's world size)")  # fmt: skip
+
+
+def _config(args: ExecuteArgs, job: TargetOptions, cluster: Any, strategy: Any, burst: Any, emulation: Any) -> Any:
+    """The ranks' configuration (:class:`~distsim.executor.worker.ExecuteConfig`)."""
+    from distsim.executor.worker import ExecuteConfig
+
+    run, out, profile_path = args.run, args.run.out, args.costs.profile_path
+    return ExecuteConfig(
+        model=portable(job.model_name), cluster=portable(job.cluster_name), nodes=cluster.nodes,
+        strategy=strategy.describe(), out=os.path.abspath(out), p2p_blocking=run.p2p_mode == "blocking",
+        iterations=run.iterations, warmup=run.warmup, seed=run.seed,
+        check=os.path.abspath(run.check) if run.check else None, timeout_s=args.launch.timeout,
+        profile=os.path.relpath(os.path.abspath(profile_path), os.path.dirname(os.path.abspath(out)))
+        if profile_path else None,  # relative to the trace, so that traces and profiles move together
+        emulation=emulation.to_dict() if emulation else {},
+        command=invoked_command(),
+        burst=_burst_form(burst, job) if burst else None,
+    )  # fmt: skip
 
 
 PLAN, ELASTIC, BOTH = "plan", "elastic", "both"
@@ -198,17 +223,18 @@ def _flag(param: click.Parameter) -> str:
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
-def refuse_unused_options(kw: dict[str, Any]) -> None:
+def refuse_unused_options(args: ExecuteArgs) -> None:
     """One line for the first option given that this kind of run does not use (:data:`USED_BY`), never ignored."""
     from click.core import ParameterSource
 
-    mode = ELASTIC if kw["elastic"] else PLAN
+    mode = ELASTIC if args.run.elastic else PLAN
     ctx = click.get_current_context(silent=True)
     for param in execute.params:
-        if param.name not in kw or USED_BY[param.name] in (BOTH, mode):
+        if param.name not in args.names() or USED_BY[param.name] in (BOTH, mode):
             continue
         if ctx is None:  # called without click (a test): given is what is set and differs from the default
-            given = kw[param.name] not in (None, False) and kw[param.name] != param.default
+            value = args.value(param.name)
+            given = value not in (None, False) and value != param.default
         else:  # from the command line or the environment, even with the default's value
             given = ctx.get_parameter_source(param.name) not in (None, ParameterSource.DEFAULT,
                                                                  ParameterSource.DEFAULT_MAP)  # fmt: skip
@@ -222,11 +248,11 @@ def refuse_unused_options(kw: dict[str, Any]) -> None:
                            f"each rank, no trace), which takes {takes}")  # fmt: skip
 
 
-def _burst_form(plan: Any, kw: dict[str, Any]) -> dict[str, Any]:
+def _burst_form(plan: Any, job: TargetOptions) -> dict[str, Any]:
     """The burst plan's file form for the ranks and the trace, naming the model and cluster as the run does."""
-    from distsim.plans.plan import plan_to_dict
+    from distsim.plans import plan_to_dict
 
-    return {**plan_to_dict(plan), "model": portable(kw["model_name"]), "cluster": portable(kw["cluster_name"])}
+    return {**plan_to_dict(plan), "model": portable(job.model_name), "cluster": portable(job.cluster_name)}
 
 
 def _with_merge_plan(model: Any, cluster: Any, strategy: Any, costs: Any) -> Any:
@@ -247,12 +273,13 @@ def _refuse_out_of_memory(model: Any, cluster: Any, strategy: Any, ranges: Any, 
     """The memory model's verdict before anything runs: a plan (a strategy, or a burst plan) that does not fit is
     refused unless --force."""
     from distsim.core.schedules import build_schedule
-    from distsim.plans.plan import Plan
-    from distsim.sim.memory import burst_memory, estimate_memory
+    from distsim.plans import Plan
+    from distsim.plans.burst import burst_memory
+    from distsim.sim.memory import estimate_memory
 
     where = "pipeline rank"
     if isinstance(strategy, Plan):
-        memory = burst_memory(model, strategy.burst, strategy.micro_batch_size, cluster.gpu.memory_bytes)
+        memory = burst_memory(model, strategy.burst, strategy.strategy.micro_batch_size, cluster.gpu.memory_bytes)
         strategy, where = strategy.notation(), "GPU"
     else:
         memory = estimate_memory(model, strategy, build_schedule(strategy), ranges, cluster.gpu.memory_bytes)
@@ -275,21 +302,22 @@ def device_warning(profile_path: str, profiled_on: str | None, here: str, profil
             f"first, `{profile_cmd}`, then execute again with --profile {out}")  # fmt: skip
 
 
-def _profile_device_check(kw: dict[str, Any], strategy: Any, emulation: Any, torchrun: bool) -> str | None:
+def _profile_device_check(job: TargetOptions, profile_path: str, strategy: Any, emulation: Any,
+                          torchrun: bool) -> str | None:  # fmt: skip
     """device_warning for --profile against this machine's device (named as the profiler names it)."""
     from distsim.cli.common import profile_command, profile_out_name
     from distsim.io.files import load_profile
     from distsim.profiler.compute import local_device_name
 
-    profiled_on = load_profile(kw["profile_path"]).provenance.get("device")
+    profiled_on = load_profile(profile_path).provenance.get("device")
     here = local_device_name()
     if not profiled_on or profiled_on == here:
         return None
     world = int(os.environ["WORLD_SIZE"]) if torchrun else strategy.num_gpus
     run_nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1
-    out = profile_out_name(kw["model_name"], kw["cluster_name"])
+    out = profile_out_name(job.model_name, job.cluster_name)
     burst = getattr(strategy, "burst", None)  # a burst plan is profiled from its file
-    command = profile_command(kw["model_name"], kw["cluster_name"], strategy, out, nodes=kw["nodes"],
+    command = profile_command(job.model_name, job.cluster_name, strategy, out, nodes=job.nodes,
                               emulation=emulation.to_dict() if emulation else None, world=world,
-                              run_nodes=run_nodes, plan_path=kw["plan_path"] if burst else None)  # fmt: skip
-    return device_warning(kw["profile_path"], profiled_on, here, command, out)
+                              run_nodes=run_nodes, plan_path=job.plan_path if burst else None)  # fmt: skip
+    return device_warning(profile_path, profiled_on, here, command, out)

@@ -6,7 +6,7 @@ The options are checked here, before any rank starts; the ranks run :mod:`distsi
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,39 +14,46 @@ from distsim.cli.common import invoked_command, need_torch, portable
 from distsim.core.errors import DistsimError
 from distsim.io.output import check_output
 
+if TYPE_CHECKING:
+    from distsim.cli.options import ExecuteArgs
 
-def run_elastic(kw: dict[str, Any]) -> None:
+
+def run_elastic(args: ExecuteArgs) -> None:
     """Check an elastic run's options (execute's others are refused by its USED_BY table), then run its ranks."""
     from distsim.executor.elastic import CONFIG_ENV, ElasticConfig, est_range
     from distsim.infra.launch import Emulation
     from distsim.io.files import load_model
 
-    if not kw["model_name"]:
+    model_name, elastic, launch_options = args.job.model_name, args.elastic, args.launch
+    if not model_name:
         raise click.UsageError("give --model (e.g. bert-cpu)")
-    if not kw["max_workers"]:
+    if not elastic.max_workers:
         raise click.UsageError("--elastic needs --max-workers P (the number of ESTs)")
-    check_output(kw["checkpoint_out"], "--checkpoint-out", stream_ok=False)
-    check_output(kw["params_out"], "--params-out", stream_ok=False)
-    if kw["resume"] and not os.path.isfile(kw["resume"]):
-        raise DistsimError(f"--resume: no checkpoint file {kw['resume']}")
-    model = load_model(kw["model_name"])
+    check_output(elastic.checkpoint_out, "--checkpoint-out", stream_ok=False)
+    check_output(elastic.params_out, "--params-out", stream_ok=False)
+    if elastic.resume and not os.path.isfile(elastic.resume):
+        raise DistsimError(f"--resume: no checkpoint file {elastic.resume}")
+    model = load_model(model_name)
     if model.precision.name != "fp32":
         raise DistsimError(f"elastic execution trains fp32 models on the CPU; {model.name} is "
                            f"{model.precision.name} (add precision=fp32 to its spec)")  # fmt: skip
     need_torch("execute --elastic")
-    emulation = Emulation(kw["emulate_nodes"], kw["procs_per_node"]) if kw["emulate_nodes"] else None
+    emulation = (
+        Emulation(launch_options.emulate_nodes, launch_options.procs_per_node) if launch_options.emulate_nodes else None
+    )
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = emulation.world if emulation else (int(os.environ["WORLD_SIZE"]) if torchrun else 1)
-    est_range(0, world, kw["max_workers"])
+    est_range(0, world, elastic.max_workers)
     here = emulation.world if emulation else (int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun else 1)
-    _refuse_out_of_memory(model, kw["max_workers"], kw["micro_batch_size"] or 1, world, here)
+    micro_batch_size = args.strategy.micro_batch_size or 1
+    _refuse_out_of_memory(model, elastic.max_workers, micro_batch_size, world, here)
     cfg = ElasticConfig(
-        model=portable(kw["model_name"]), max_workers=kw["max_workers"], steps=kw["steps"],
-        micro_batch_size=kw["micro_batch_size"] or 1, seed=kw["seed"],
-        checkpoint_out=os.path.abspath(kw["checkpoint_out"]) if kw["checkpoint_out"] else None,
-        resume=os.path.abspath(kw["resume"]) if kw["resume"] else None,
-        params_out=os.path.abspath(kw["params_out"]) if kw["params_out"] else None,
-        naive=kw["naive_allreduce"], mask_tokens=kw["mask_tokens"] or 0.0, timeout_s=kw["timeout"],
+        model=portable(model_name), max_workers=elastic.max_workers, steps=elastic.steps,
+        micro_batch_size=micro_batch_size, seed=args.run.seed,
+        checkpoint_out=os.path.abspath(elastic.checkpoint_out) if elastic.checkpoint_out else None,
+        resume=os.path.abspath(elastic.resume) if elastic.resume else None,
+        params_out=os.path.abspath(elastic.params_out) if elastic.params_out else None,
+        naive=elastic.naive_allreduce, mask_tokens=elastic.mask_tokens or 0.0, timeout_s=launch_options.timeout,
         command=invoked_command(),
     )  # fmt: skip
     if cfg.resume:  # before any rank starts: all but the parameters' shapes (each rank checks those, and again all)
@@ -64,7 +71,8 @@ def run_elastic(kw: dict[str, Any]) -> None:
     else:
         from distsim.infra.launch import launch
 
-        launch("distsim.executor.elastic", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="execution")
+        launch("distsim.executor.elastic", {CONFIG_ENV: cfg.to_json()}, emulation, launch_options.timeout,
+               what="execution")  # fmt: skip
 
 
 def available_memory() -> int | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
@@ -86,18 +85,19 @@ def clusters(as_json: bool) -> None:
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
 @click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), default="A", show_default=True)
 @click.option("--max-in-flight", type=click.IntRange(min=1))
-def schedule(**kw: Any) -> None:
+def schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: int | None, policy: str,
+             max_in_flight: int | None) -> None:  # fmt: skip
     """Print a pipeline schedule's action lists and its step x rank grid (unit-time F and B)."""
     from distsim.core.schedules import build_schedule, format_grid
     from distsim.core.strategy import Strategy
 
     strategy = Strategy(
-        pp=kw["pp"],
-        num_micro_batches=kw["micro_batches"],
-        schedule=kw["schedule"],
-        virtual_stages=kw["virtual_stages"],
-        warmup_policy=kw["policy"],
-        max_in_flight=kw["max_in_flight"],
+        pp=pp,
+        num_micro_batches=micro_batches,
+        schedule=schedule,
+        virtual_stages=virtual_stages,
+        warmup_policy=policy,
+        max_in_flight=max_in_flight,
     )
     sched = build_schedule(strategy)
     click.echo(str(sched))

@@ -24,6 +24,7 @@ from distsim.cli.common import (
     strategy_overrides,
     with_scale_options,
 )
+from distsim.cli.options import ModelOptions, ProfileArgs, TargetOptions
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
 from distsim.io.output import check_output
@@ -110,113 +111,134 @@ def profile(ctx: click.Context, **kw: Any) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    if kw["torch_model"]:
+    args = ProfileArgs.from_params(**kw)
+    if args.targets.torch_model:
         from distsim.cli.profile_torch import profile_torch_model
 
-        profile_torch_model(kw)
+        profile_torch_model(args)
         return
 
-    from distsim.core.strategy import Strategy
-    from distsim.infra.launch import Emulation
     from distsim.io.files import load_profile
-    from distsim.plans.plan import plan_to_dict
-    from distsim.profiler.worker import CONFIG_ENV, ProfileConfig, check_extension
+    from distsim.profiler.worker import check_extension
     from distsim.search.discovery import discover
-    from distsim.search.space import cluster_for, enumerate_strategies
     from distsim.sim.costs import AnalyticCosts
 
-    plans = _load_plans(kw)
-    if not kw["model_name"] or not kw["cluster_name"]:
+    measure = args.measure
+    plans, job = _load_plans(args.job, args.targets.plan_paths)
+    if not job.model_name or not job.cluster_name:
         raise click.UsageError("distsim profile needs --model and --cluster (or use `distsim profile show FILE`)")
-    if not kw["dry_run"]:
-        check_output(kw["out"], "--out", stream_ok=False)
-    model, cluster = load_model_and_cluster(kw)
-    overrides, _ = strategy_overrides(kw)
-    strategies = [Strategy.from_str(s, **overrides) for s in kw["strategies"]]
-    strategies += [p.strategy for p in plans if p.strategy is not None]
-    plans = [p for p in plans if p.strategy is None]
-    if plans:
-        from distsim.plans.plan import check_plan
-
-        for path, plan in zip(kw["plan_paths"], plans, strict=True):
-            try:
-                check_plan(plan, model.num_layers, cluster.num_gpus)
-            except DistsimError as exc:
-                raise DistsimError(f"{path}: {exc}") from None
-    if kw["grid_gpus"]:
-        if not kw["global_batch"]:
-            raise DistsimError("--grid-gpus needs --global-batch")
-        cluster = cluster_for(cluster, kw["grid_gpus"])
-        grid, _ = enumerate_strategies(model, cluster, kw["grid_gpus"], kw["global_batch"],
-                                       parse_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes"),
-                                       [x.strip() for x in kw["schedules"].split(",") if x.strip()])  # fmt: skip
-        strategies += [with_scale_options(s, overrides) for s in grid]
-    if not strategies and not plans and not kw["collocation"]:
+    if not measure.dry_run:
+        check_output(measure.out, "--out", stream_ok=False)
+    model, cluster = load_model_and_cluster(job)
+    strategies, plans, cluster = _targets(args, model, cluster, plans)
+    if not strategies and not plans and not measure.collocation:
         raise DistsimError("give the strategies to profile: --strategy (repeatable), --plan FILE or --grid-gpus with "
                            "--global-batch")  # fmt: skip
-    emulation = (
-        Emulation(kw["emulate_nodes"], kw["procs_per_node"], kw["link_bandwidth"]) if kw["emulate_nodes"] else None
-    )
-    if kw["link_bandwidth"] and emulation is None:
-        raise DistsimError("--link-bandwidth shapes emulated nodes: add --emulate-nodes 2")
-    max_comm_bytes = parse_bytes(kw["max_comm_bytes"])
-    out = kw["out"]
+    emulation = args.launch.emulation()
+    max_comm_bytes = parse_bytes(measure.max_comm_bytes)
+    out = measure.out
     existing = None
-    if not kw["dry_run"] and os.path.exists(out) and not kw["overwrite"]:
+    if not measure.dry_run and os.path.exists(out) and not measure.overwrite:
         existing = load_profile(out)  # a malformed one is refused before anything is measured
     targets = [*strategies, *plans]
     found = discover(model, cluster, targets, AnalyticCosts(cluster)) if targets else None
     if found is not None:
         click.echo(found.report(), err=True)
-    if kw["dry_run"]:
+    if measure.dry_run:
         return
     if existing is not None:
         click.echo(f"extending {out} ({len(existing.compute)} compute events, {len(existing.comm)} comm measurements; "
                    "--overwrite replaces it)", err=True)  # fmt: skip
     need_torch("profile")
     if existing is not None:
-        check_extension(existing, out, emulation, kw["no_comm"])
-
-    cfg = ProfileConfig(
-        model=portable(kw["model_name"]),
-        cluster=portable(kw["cluster_name"]),
-        nodes=cluster.nodes,
-        strategies=[st.describe() for st in strategies], out=os.path.abspath(out), warmup=kw["warmup"],
-        repeats=kw["repeats"], comm_repeats=kw["comm_repeats"], max_comm_bytes=max_comm_bytes,
-        max_group=kw["max_group"], timeout_s=kw["timeout"], overwrite=kw["overwrite"],
-        compute=not kw["no_compute"] and bool(targets), comm=not kw["no_comm"] and bool(targets),
-        self_check=not kw["no_self_check"], emulation=emulation.to_dict() if emulation else {},
-        collocation=kw["collocation"], command=invoked_command(),
-        plans=[{**plan_to_dict(p), "model": portable(kw["model_name"]), "cluster": portable(kw["cluster_name"])}
-               for p in plans],
-    )  # fmt: skip
-    from distsim.profiler import worker
-
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
-        worker.run(cfg)
+        check_extension(existing, out, emulation, measure.no_comm)
+    cfg = _config(args, job, cluster, strategies, plans, max_comm_bytes, emulation)
+    if not _measure(cfg, emulation, args.launch.timeout):
         return
-    if emulation is None:
-        worker.run(cfg)  # one process: compute events only
-    else:
-        from distsim.infra.launch import launch
-
-        launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, kw["timeout"], what="profiling")
     db = load_profile(out)
     if found is not None:
         click.echo(_profile_cost_report(found, db), err=True)
 
 
-def _load_plans(kw: dict[str, Any]) -> list[Any]:
-    """--plan files; the first one's model, cluster and nodes fill in what was not given."""
+def _load_plans(job: ModelOptions, paths: tuple[str, ...]) -> tuple[list[Any], ModelOptions]:
+    """--plan files; the first one's model, cluster and nodes fill in what was not given (the job returned)."""
     from distsim.cli.common import load_plan_for
 
     plans = []
-    for i, path in enumerate(kw["plan_paths"]):
-        given = {**kw, "plan_path": path, "strategy_text": None}
-        plans.append(load_plan_for(given))  # fills model, cluster and nodes where not given
+    for i, path in enumerate(paths):
+        given = TargetOptions(model_name=job.model_name, cluster_name=job.cluster_name, nodes=job.nodes, plan_path=path)
+        plan, given = load_plan_for(given)  # fills model, cluster and nodes where not given
+        plans.append(plan)
         if i == 0:
-            kw.update({key: given[key] for key in ("model_name", "cluster_name", "nodes")})
-    return plans
+            job = ModelOptions(model_name=given.model_name, cluster_name=given.cluster_name, nodes=given.nodes)
+    return plans, job
+
+
+def _targets(args: ProfileArgs, model: Any, cluster: Any, plans: list[Any]) -> tuple[list[Any], list[Any], Any]:
+    """The strategies to profile (--strategy, the plans that are strategies, a grid's), the other plans (checked),
+    and the cluster (resized to --grid-gpus)."""
+    from distsim.core.strategy import Strategy
+    from distsim.search.space import cluster_for, enumerate_strategies
+
+    targets = args.targets
+    overrides, _ = strategy_overrides(args.strategy)
+    strategies = [Strategy.from_str(s, **overrides) for s in targets.strategies]
+    strategies += [p.strategy for p in plans if p.kind == "uniform"]
+    for path, plan in zip(targets.plan_paths, plans, strict=True):  # every plan, before the uniform ones leave
+        try:
+            plan.check(model.num_layers, cluster.num_gpus)
+        except DistsimError as exc:
+            raise DistsimError(f"{path}: {exc}") from None
+    plans = [p for p in plans if p.kind != "uniform"]
+    if targets.grid_gpus:
+        if not targets.global_batch:
+            raise DistsimError("--grid-gpus needs --global-batch")
+        cluster = cluster_for(cluster, targets.grid_gpus)
+        grid, _ = enumerate_strategies(model, cluster, targets.grid_gpus, targets.global_batch,
+                                       parse_int_list(targets.micro_batch_sizes, "--micro-batch-sizes"),
+                                       [x.strip() for x in targets.schedules.split(",") if x.strip()])  # fmt: skip
+        strategies += [with_scale_options(s, overrides) for s in grid]
+    return strategies, plans, cluster
+
+
+def _config(args: ProfileArgs, job: ModelOptions, cluster: Any, strategies: list[Any], plans: list[Any],
+            max_comm_bytes: int, emulation: Any) -> Any:  # fmt: skip
+    """The ranks' configuration (:class:`~distsim.profiler.worker.ProfileConfig`)."""
+    from distsim.plans import plan_to_dict
+    from distsim.profiler.worker import ProfileConfig
+
+    m, targets = args.measure, [*strategies, *plans]
+    return ProfileConfig(
+        model=portable(job.model_name),
+        cluster=portable(job.cluster_name),
+        nodes=cluster.nodes,
+        strategies=[st.describe() for st in strategies], out=os.path.abspath(m.out), warmup=m.warmup,
+        repeats=m.repeats, comm_repeats=m.comm_repeats, max_comm_bytes=max_comm_bytes,
+        max_group=m.max_group, timeout_s=args.launch.timeout, overwrite=m.overwrite,
+        compute=not m.no_compute and bool(targets), comm=not m.no_comm and bool(targets),
+        self_check=not m.no_self_check, emulation=emulation.to_dict() if emulation else {},
+        collocation=m.collocation, command=invoked_command(),
+        plans=[{**plan_to_dict(p), "model": portable(job.model_name), "cluster": portable(job.cluster_name)}
+               for p in plans],
+    )  # fmt: skip
+
+
+def _measure(cfg: Any, emulation: Any, timeout: float) -> bool:
+    """Run the profiler's ranks: this process is one under torchrun (False: the profile is not reported here), else
+    one process (compute events only) or the emulated nodes' ranks."""
+    from distsim.profiler import worker
+    from distsim.profiler.worker import CONFIG_ENV
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+        worker.run(cfg)
+        return False
+    if emulation is None:
+        worker.run(cfg)  # one process: compute events only
+    else:
+        from distsim.infra.launch import launch
+
+        launch("distsim.profiler.worker", {CONFIG_ENV: cfg.to_json()}, emulation, timeout, what="profiling")
+    return True
 
 
 def _profile_cost_report(found: Any, db: Any) -> str:

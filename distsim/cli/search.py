@@ -8,6 +8,7 @@ module imports none of them (they import it).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import load_model_and_cluster, parse_int_list
+from distsim.cli.options import ModelOptions
 from distsim.core.errors import DistsimError
 
 
@@ -37,10 +39,20 @@ def check_directory(path: str | None, option: str) -> None:
         raise DistsimError(f"{option} {p}: directory is not writable")
 
 
-def model_and_gpus(kw: dict[str, Any]) -> tuple[Any, Any, int]:
+@dataclass(frozen=True)
+class SearchOptions(ModelOptions):
+    """What the drivers plan for: --model, --cluster, --nodes, --gpus and --global-batch (of :func:`shared_options`,
+    whose --profile and --strict are :class:`~distsim.cli.options.CostOptions`, --json an
+    :class:`~distsim.cli.options.OutputOptions`)."""
+
+    gpus: int | None = None
+    global_batch: int = 1
+
+
+def model_and_gpus(search: SearchOptions) -> tuple[Any, Any, int]:
     """--model, --cluster (with --nodes) and the GPU count to plan for (--gpus, default all)."""
-    model, cluster = load_model_and_cluster(kw)
-    return model, cluster, kw["gpus"] or cluster.num_gpus
+    model, cluster = load_model_and_cluster(search)
+    return model, cluster, search.gpus or cluster.num_gpus
 
 
 def shared_options(f: Any) -> Any:

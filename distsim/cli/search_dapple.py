@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs, write_trace
-from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
+from distsim.cli.common import GB, TRACE_FORMATS, Progress, check_outputs, load_costs_for, write_trace
+from distsim.cli.options import CommandArgs, CostOptions, Options, OutputOptions
+from distsim.cli.search import SearchOptions, model_and_gpus, opt_int_list, search, shared_options
 from distsim.core.errors import DistsimError
 
 
@@ -66,60 +68,30 @@ def dapple(**kw: Any) -> None:
     The same on 16 single-GPU machines (config B), only Fresh First placement:
       distsim search dapple --model bert-exlarge --cluster dapple-b --global-batch 64 --policies fresh
     """
-    from distsim.io.files import write_figure, write_plan
-    from distsim.plans.simulate import DEFAULT_MAX_TASKS, simulate
-    from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple, shortlist
+    from distsim.plans.simulate import DEFAULT_MAX_TASKS
+    from distsim.search.dapple import check_with_simulator, plan_dapple, shortlist
 
-    stdout_taken = check_outputs(kw, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
-    model, cluster, gpus = model_and_gpus(kw)
-    spec = DappleSpec(
-        gpus=gpus,
-        global_batch=kw["global_batch"],
-        micro_batches=opt_int_list(kw["micro_batches_text"], "--micro-batches"),
-        schedule=kw["schedule"],
-        warmup_policy="A" if kw["warmup_policy"] == "best" else kw["warmup_policy"],
-        max_in_flight=kw["max_in_flight"],
-        policies=_policies(kw["policies_text"]),
-        memory_filter=not kw["ignore_memory"],
-        beam=kw["beam"],
-    )
-    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
-    quiet = kw["quiet"]
+    args = DappleArgs.from_params(**kw)
+    outputs, planner = args.outputs, args.planner
+    stdout_taken = check_outputs(outputs, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
+    model, cluster, gpus = model_and_gpus(args.search)
+    spec = planner.spec(gpus, args.search.global_batch)
+    costs = load_costs_for(args.costs, cluster)
+    quiet = outputs.quiet
     progress = Progress(0, "micro-batch counts planned", enabled=not quiet)
-    workers = kw["workers"] or os.cpu_count() or 1
+    workers = planner.workers or os.cpu_count() or 1
     result = plan_dapple(model, cluster, spec, costs, progress=lambda d, t, _m: progress(d, t), workers=workers)
-    policies = ("A", "B") if kw["warmup_policy"] == "best" else (spec.warmup_policy,)
+    policies = ("A", "B") if planner.warmup_policy == "best" else (spec.warmup_policy,)
     checking = Progress(0, "shortlisted plans simulated", enabled=not quiet)
     checked = check_with_simulator(result, costs, policies, progress=lambda d, t, _m: checking(d, t))
     chosen = None
     if checked:
-        if kw["choose"] == "simulator":
+        if planner.choose == "simulator":
             chosen = min(checked, key=lambda c: (c.iteration_s, c.candidate.latency_s))
         else:
             chosen = min(checked, key=lambda c: (c.candidate.latency_s, c.iteration_s))
-    written = []
-    if chosen is not None:
-        best = chosen.candidate
-        plan = result.plan(
-            best, model=kw["model_name"], cluster=kw["cluster_name"], warmup_policy=chosen.policy,
-            driver="distsim search dapple", planner_estimate_s=round(best.latency_s, 9),
-            predicted_iteration_s=round(chosen.iteration_s, 9), global_batch=spec.global_batch,
-        )  # fmt: skip
-        if kw["plan_out"]:
-            written.append(str(write_plan(kw["plan_out"], plan)))
-        if kw["trace_path"] or kw["plot_path"]:
-            r = simulate(model, result.cluster, result.plan(best, warmup_policy=chosen.policy), costs)
-            title = f"{model.name} {best.notation} (M={best.micro_batches}) on {result.cluster.name}"
-            if kw["trace_path"]:
-                write_trace(kw["trace_path"], r.timeline, title, quiet=quiet)
-                written.append(kw["trace_path"])
-            if kw["plot_path"]:
-                from distsim.io.plots import gantt
-
-                ax = gantt(r.timeline, title=f"{title}: {r.iteration_time_s * 1e3:.1f} ms")
-                write_figure(kw["plot_path"], ax.figure)
-                written.append(kw["plot_path"])
-    if kw["as_json"]:
+    written = [] if chosen is None else _write_chosen(result, chosen, model, costs, args)
+    if outputs.as_json:
         data = result.to_dict()
         data["shortlist"] = [
             {"label": c.label, "notation": c.candidate.notation, "micro_batches": c.candidate.micro_batches,
@@ -130,18 +102,89 @@ def dapple(**kw: Any) -> None:
                                                       "notation": chosen.candidate.notation,
                                                       "estimate_s": chosen.candidate.latency_s,
                                                       "simulated_s": chosen.iteration_s}  # fmt: skip
-        data["choose"] = kw["choose"]
+        data["choose"] = planner.choose
         data["written"] = written
         click.echo(json.dumps(data, indent=2))
         return
-    lines = [_dapple_report(result, checked, chosen, kw["choose"]), *(f"wrote {path}" for path in written)]
+    lines = [_dapple_report(result, checked, chosen, planner.choose), *(f"wrote {path}" for path in written)]
     left_out = len(shortlist(result)) - len(checked)
     if left_out:
         lines.append(f"note: {left_out} shortlisted plan(s) left out: too many micro-batches to simulate (over "
                      f"{DEFAULT_MAX_TASKS:,} tasks); --micro-batches picks the counts to plan")  # fmt: skip
-    if kw["plan_out"] and chosen is not None and kw["plan_out"] != "-":
-        lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot dapple.png")
+    if outputs.plan_out and chosen is not None and outputs.plan_out != "-":
+        lines.append(f"simulate it: distsim simulate --plan {outputs.plan_out} --plot dapple.png")
     click.echo("\n".join(lines), err=bool(stdout_taken))
+
+
+@dataclass(frozen=True)
+class PlannerOptions(Options):
+    """What DAPPLE's planner tries (micro-batch counts, placement policies, beam), for which schedule and warm-up,
+    and how the plan is chosen from the shortlist."""
+
+    micro_batches_text: str | None = None
+    schedule: str = "1f1b"
+    warmup_policy: str = "best"
+    max_in_flight: int | None = None
+    policies_text: str = "fresh,append,scatter"
+    ignore_memory: bool = False
+    beam: int | None = None
+    choose: str = "simulator"
+    workers: int | None = None
+
+    def spec(self, gpus: int, global_batch: int) -> Any:
+        """The planner's :class:`~distsim.search.dapple.DappleSpec` (each list option checked)."""
+        from distsim.search.dapple import DappleSpec
+
+        return DappleSpec(
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batches=opt_int_list(self.micro_batches_text, "--micro-batches"),
+            schedule=self.schedule,
+            warmup_policy="A" if self.warmup_policy == "best" else self.warmup_policy,
+            max_in_flight=self.max_in_flight,
+            policies=_policies(self.policies_text),
+            memory_filter=not self.ignore_memory,
+            beam=self.beam,
+        )
+
+
+@dataclass(frozen=True)
+class DappleArgs(CommandArgs):
+    """The option groups of ``distsim search dapple``."""
+
+    search: SearchOptions
+    costs: CostOptions
+    outputs: OutputOptions
+    planner: PlannerOptions
+
+
+def _write_chosen(result: Any, chosen: Any, model: Any, costs: Any, args: DappleArgs) -> list[str]:
+    """Write the chosen plan's file (--plan-out), and its simulated iteration's trace and Gantt chart."""
+    from distsim.io.files import write_figure, write_plan
+    from distsim.plans.simulate import simulate
+
+    outputs, written = args.outputs, []
+    best = chosen.candidate
+    plan = result.plan(
+        best, model=args.search.model_name, cluster=args.search.cluster_name, warmup_policy=chosen.policy,
+        driver="distsim search dapple", planner_estimate_s=round(best.latency_s, 9),
+        predicted_iteration_s=round(chosen.iteration_s, 9), global_batch=result.spec.global_batch,
+    )  # fmt: skip
+    if outputs.plan_out:
+        written.append(str(write_plan(outputs.plan_out, plan)))
+    if outputs.trace_path or outputs.plot_path:
+        r = simulate(model, result.cluster, result.plan(best, warmup_policy=chosen.policy), costs)
+        title = f"{model.name} {best.notation} (M={best.micro_batches}) on {result.cluster.name}"
+        if outputs.trace_path:
+            write_trace(outputs.trace_path, r.timeline, title, quiet=outputs.quiet)
+            written.append(outputs.trace_path)
+        if outputs.plot_path:
+            from distsim.io.plots import gantt
+
+            ax = gantt(r.timeline, title=f"{title}: {r.iteration_time_s * 1e3:.1f} ms")
+            write_figure(outputs.plot_path, ax.figure)
+            written.append(outputs.plot_path)
+    return written
 
 
 def _dapple_report(result: Any, checked: list[Any], chosen: Any, choose: str) -> str:

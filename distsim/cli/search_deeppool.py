@@ -4,13 +4,21 @@ ALGORITHMS.md section 1)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from distsim.cli.collocation import background_options, check_background, collocate_from_options, format_report
-from distsim.cli.common import check_outputs, fmt_time, load_costs
-from distsim.cli.search import model_and_gpus, opt_int_list, search, shared_options
+from distsim.cli.collocation import (
+    BackgroundOptions,
+    background_options,
+    check_background,
+    collocate_from_options,
+    format_report,
+)
+from distsim.cli.common import check_outputs, fmt_time, load_costs_for
+from distsim.cli.options import CommandArgs, CostOptions, Options, OutputOptions
+from distsim.cli.search import SearchOptions, model_and_gpus, opt_int_list, search, shared_options
 
 TOP_AMPLIFIED = 10
 """Layers the amplification table shows without --verbose (the most amplified)."""
@@ -67,45 +75,71 @@ def deeppool(**kw: Any) -> None:
     from distsim.search.deeppool import plan_deeppool
     from distsim.search.space import cluster_for
 
-    stdout_taken = check_outputs(kw, {"plan_out": "--plan-out"})
-    background = check_background(kw)
-    if background is not None and not kw["simulate"]:
+    args = DeeppoolArgs.from_params(**kw)
+    outputs, planner = args.outputs, args.planner
+    stdout_taken = check_outputs(outputs, {"plan_out": "--plan-out"})
+    background = check_background(args.background)
+    if background is not None and not planner.simulate:
         raise click.UsageError("--background collocates with the simulated plan; drop --no-simulate")
-    model, cluster, gpus = model_and_gpus(kw)
+    model, cluster, gpus = model_and_gpus(args.search)
     cluster = cluster_for(cluster, gpus)
-    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
-    counts = opt_int_list(kw["counts_text"], "--counts")
-    result = plan_deeppool(model, cluster, costs, gpus, kw["global_batch"], counts, kw["amp_limit"])
-    place = {"placement": kw["placement"], "grad_sync": kw["grad_sync"], "model": kw["model_name"],
-             "cluster": kw["cluster_name"]}  # fmt: skip
-    simulated = simulate_plans(result, costs, place) if kw["simulate"] else {}
+    costs = load_costs_for(args.costs, cluster)
+    counts = opt_int_list(planner.counts_text, "--counts")
+    result = plan_deeppool(model, cluster, costs, gpus, args.search.global_batch, counts, planner.amp_limit)
+    place = {"placement": planner.placement, "grad_sync": planner.grad_sync, "model": args.search.model_name,
+             "cluster": args.search.cluster_name}  # fmt: skip
+    simulated = simulate_plans(result, costs, place) if planner.simulate else {}
     collocated = None
     if background is not None:  # before the plan is written: a background that cannot run is refused first
         from distsim.sim.flow.events import FlowOptions
 
-        collocated = collocate_from_options(kw, background, model, cluster, result.plan("best", **place), costs,
-                                            FlowOptions(), None)  # fmt: skip
+        collocated = collocate_from_options(args.background, background, model, cluster, result.plan("best", **place),
+                                            costs, FlowOptions(), None)  # fmt: skip
     written = []
-    if kw["plan_out"]:
+    if outputs.plan_out:
         note: dict[str, object] = {"global_batch": result.batch}
         if "best" in simulated:
             note["predicted_iteration_s"] = round(simulated["best"], 9)
-        written.append(str(write_plan(kw["plan_out"], result.plan("best", **place, **note))))
-    if kw["as_json"]:
+        written.append(str(write_plan(outputs.plan_out, result.plan("best", **place, **note))))
+    if outputs.as_json:
         data = result.to_dict()
         data["simulated_s"] = {"plan": simulated.get("best"), "data_parallel": simulated.get("dp")}
         if collocated is not None:
             data["collocation"] = collocated.to_dict()
-        data["placement"], data["grad_sync"], data["written"] = kw["placement"], kw["grad_sync"], written
+        data["placement"], data["grad_sync"], data["written"] = planner.placement, planner.grad_sync, written
         click.echo(json.dumps(data, indent=2))
         return
-    lines = [report(result, simulated, verbose=kw["verbose"], quiet=kw["quiet"])]
+    lines = [report(result, simulated, verbose=planner.verbose, quiet=outputs.quiet)]
     if collocated is not None:
         lines += ["", format_report(collocated)]
     lines += [f"wrote {p}" for p in written]
-    if written and kw["plan_out"] != "-":
-        lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']} --plot deeppool.png")
+    if written and outputs.plan_out != "-":
+        lines.append(f"simulate it: distsim simulate --plan {outputs.plan_out} --plot deeppool.png")
     click.echo("\n".join(lines), err=bool(stdout_taken))
+
+
+@dataclass(frozen=True)
+class BurstOptions(Options):
+    """What DeepPool's planner tries (--counts, within --amp-limit), how the plan is laid out and synchronised, and
+    whether it is simulated and every layer shown."""
+
+    amp_limit: float = 2.0
+    counts_text: str | None = None
+    placement: str = "prefix"
+    grad_sync: str = "bulk"
+    simulate: bool = True
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class DeeppoolArgs(CommandArgs):
+    """The option groups of ``distsim search deeppool``."""
+
+    search: SearchOptions
+    costs: CostOptions
+    outputs: OutputOptions
+    planner: BurstOptions
+    background: BackgroundOptions
 
 
 def simulate_plans(result: Any, costs: Any, place: dict[str, str]) -> dict[str, float]:

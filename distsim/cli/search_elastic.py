@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 
-from distsim.cli.common import parse_type_map
+from distsim.cli.common import RegistryHelpOption, parse_type_map
+from distsim.cli.options import CommandArgs, ModelOptions, Options, OutputOptions
 from distsim.cli.search import search
+from distsim.core.cluster import GPUS
 from distsim.core.errors import DistsimError
 
 
@@ -19,9 +21,8 @@ from distsim.core.errors import DistsimError
               help="Zoo model (see `distsim models`) or a YAML/JSON model file.")  # fmt: skip
 @click.option("--max-workers", "-P", "max_workers", type=int, required=True, metavar="P",
               help="maxP: the job's ESTs (logical data-parallel workers), fixed whatever the GPUs.")  # fmt: skip
-@click.option("--gpus", "gpus_text", required=True, metavar="TYPE:N,...",
-              help="Available GPUs per type, e.g. V100:4,T4:8 (types: A10, A40, A100, H100, P100, T4, V100, "
-                   "V100-16GB).")  # fmt: skip
+@click.option("--gpus", "gpus_text", required=True, metavar="TYPE:N,...", cls=RegistryHelpOption, registry=GPUS,
+              help="Available GPUs per type, e.g. V100:4,T4:8 (types: {names}).")  # fmt: skip
 @click.option("--micro-batch-size", "-b", type=click.IntRange(min=1), default=32, show_default=True,
               help="Samples per EST mini-batch: the batch of the simulated single-GPU iteration.")  # fmt: skip
 @click.option("--capabilities", "capabilities_text", metavar="TYPE:RATE,...",
@@ -52,19 +53,21 @@ def elastic(**kw: Any) -> None:
     from distsim.elastic.planner import cut_plans, enumerate_plans
     from distsim.io.files import load_model
 
-    if kw["max_workers"] < 1:
-        raise DistsimError(f"--max-workers (maxP) must be >= 1, got {kw['max_workers']}")
-    if not 0 <= kw["waste_cut"] <= 1:
-        raise DistsimError(f"--waste-cut is a fraction in [0, 1], got {kw['waste_cut']}")
-    available = parse_type_map(kw["gpus_text"], "--gpus", int)
-    given = parse_type_map(kw["capabilities_text"], "--capabilities", float) if kw["capabilities_text"] else {}
+    args = ElasticSearchArgs.from_params(**kw)
+    job = args.planner
+    if job.max_workers < 1:
+        raise DistsimError(f"--max-workers (maxP) must be >= 1, got {job.max_workers}")
+    if not 0 <= job.waste_cut <= 1:
+        raise DistsimError(f"--waste-cut is a fraction in [0, 1], got {job.waste_cut}")
+    available = parse_type_map(job.gpus_text, "--gpus", int)
+    given = parse_type_map(job.capabilities_text, "--capabilities", float) if job.capabilities_text else {}
     extra = sorted(set(given) - set(available))
     if extra:
         raise DistsimError(f"--capabilities names {', '.join(extra)}, which --gpus does not offer")
-    model = load_model(kw["model_name"])
+    model = load_model(args.model.model_name)
     caps: dict[str, Capability] = {}
     for t in available:
-        caps[t] = measure(model, t, kw["micro_batch_size"])
+        caps[t] = measure(model, t, job.micro_batch_size)
         if t in given:  # the simulated peak memory stays: an EST must fit whatever its speed
             caps[t] = replace(caps[t], per_s=given[t], iteration_s=None, source="given (--capabilities)")
     rates = {t: c.per_s for t, c in caps.items()}
@@ -72,33 +75,55 @@ def elastic(**kw: Any) -> None:
     if any(available.values()) and not any(hosting.values()):
         short = "; ".join(f"{t}: needs {caps[t].peak_memory_bytes / 1e9:,.1f} GB of "
                           f"{caps[t].memory_bytes / 1e9:,.0f} GB" for t, n in available.items() if n)  # fmt: skip
-        raise DistsimError(f"no elastic plan for {kw['max_workers']} ESTs on {kw['gpus_text']}: no GPU holds one EST "
-                           f"of {model.name} at --micro-batch-size {kw['micro_batch_size']} ({short})")  # fmt: skip
-    everything = enumerate_plans(kw["max_workers"], rates, hosting)
-    plans = cut_plans(everything, kw["waste_cut"])
-    shown = plans if kw["top"] == 0 else plans[: kw["top"]]
-    if kw["as_json"]:
+        raise DistsimError(f"no elastic plan for {job.max_workers} ESTs on {job.gpus_text}: no GPU holds one EST "
+                           f"of {model.name} at --micro-batch-size {job.micro_batch_size} ({short})")  # fmt: skip
+    everything = enumerate_plans(job.max_workers, rates, hosting)
+    plans = cut_plans(everything, job.waste_cut)
+    shown = plans if job.top == 0 else plans[: job.top]
+    if args.outputs.as_json:
         click.echo(json.dumps({
-            "model": model.name, "max_workers": kw["max_workers"], "micro_batch_size": kw["micro_batch_size"],
+            "model": model.name, "max_workers": job.max_workers, "micro_batch_size": job.micro_batch_size,
             "available": available, "capabilities": {t: c.to_dict() for t, c in caps.items()},
-            "waste_cut": kw["waste_cut"], "unfit": [t for t in available if not caps[t].fits],
+            "waste_cut": job.waste_cut, "unfit": [t for t in available if not caps[t].fits],
             "planned": len(everything), "cut": len(everything) - len(plans),
             "plans": [p.to_dict() for p in shown],
         }, indent=2))  # fmt: skip
         return
     if not plans:
         why = "none left after the waste cut" if everything else "no GPUs available"
-        raise DistsimError(f"no elastic plan for {kw['max_workers']} ESTs on {kw['gpus_text']}: {why} "
-                           f"({len(everything)} planned; --waste-cut {kw['waste_cut']})")  # fmt: skip
-    click.echo(_report(model.name, kw, available, caps, everything, plans, shown))
+        raise DistsimError(f"no elastic plan for {job.max_workers} ESTs on {job.gpus_text}: {why} "
+                           f"({len(everything)} planned; --waste-cut {job.waste_cut})")  # fmt: skip
+    click.echo(_report(model.name, job, available, caps, everything, plans, shown))
 
 
-def _report(model: str, kw: dict[str, Any], available: dict[str, int], caps: dict[str, Any], everything: list[Any],
-            plans: list[Any], shown: list[Any]) -> str:  # fmt: skip
+@dataclass(frozen=True)
+class ElasticPlanOptions(Options):
+    """The job (--max-workers ESTs of --micro-batch-size), the GPUs offered and their capabilities, the waste cut and
+    the plans shown (--top)."""
+
+    max_workers: int = 1
+    gpus_text: str = ""
+    micro_batch_size: int = 32
+    capabilities_text: str | None = None
+    waste_cut: float = 0.30
+    top: int = 10
+
+
+@dataclass(frozen=True)
+class ElasticSearchArgs(CommandArgs):
+    """The option groups of ``distsim search elastic``."""
+
+    model: ModelOptions
+    planner: ElasticPlanOptions
+    outputs: OutputOptions
+
+
+def _report(model: str, job: ElasticPlanOptions, available: dict[str, int], caps: dict[str, Any],
+            everything: list[Any], plans: list[Any], shown: list[Any]) -> str:  # fmt: skip
     import pandas as pd
 
-    p = kw["max_workers"]
-    lines = [f"{model}, maxP = {p} ESTs of {kw['micro_batch_size']} samples, on "
+    p = job.max_workers
+    lines = [f"{model}, maxP = {p} ESTs of {job.micro_batch_size} samples, on "
              f"{', '.join(f'{n} {t}' for t, n in available.items())}; capabilities C_i:"]  # fmt: skip
     for t, c in caps.items():
         memory = "" if c.fits else (f"; one EST needs {c.peak_memory_bytes / 1e9:.1f} GB, over the GPU's "
@@ -107,7 +132,7 @@ def _report(model: str, kw: dict[str, Any], available: dict[str, int], caps: dic
     cut = len(everything) - len(plans)
     lines += [
         f"{len(everything)} plans (minimal GPU sets at their fastest mapping); {cut} cut for normalised waste over "
-        f"{kw['waste_cut']:.2f}; {len(plans)} ranked by throughput, then fewer GPUs"
+        f"{job.waste_cut:.2f}; {len(plans)} ranked by throughput, then fewer GPUs"
         + (f" (the best {len(shown)} shown):" if len(shown) < len(plans) else ":"),
         "",
     ]

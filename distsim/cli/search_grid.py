@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ from distsim.cli.common import (
     Progress,
     check_outputs,
     grad_sync_options,
-    load_costs,
+    load_costs_for,
     parse_schedules,
     write_trace,
 )
-from distsim.cli.search import check_directory, model_and_gpus, opt_int_list, search, shared_options
+from distsim.cli.options import CommandArgs, CostOptions, Options, OutputOptions
+from distsim.cli.search import SearchOptions, check_directory, model_and_gpus, opt_int_list, search, shared_options
 from distsim.core.errors import DistsimError
 from distsim.core.strategy import RECOMPUTE_MODES, SHARDING_MODES
 from distsim.core.sync import DDP_BUCKET_CAP_MB
@@ -73,38 +75,24 @@ def grid(**kw: Any) -> None:
           --micro-batch-sizes 1,2,4,8 --schedules gpipe,1f1b,interleaved
     """
     from distsim.io.files import write_csv, write_figure
-    from distsim.search.grid import GridSpec, grid_search
+    from distsim.search.grid import grid_search
     from distsim.search.space import cluster_for
 
-    stdout_taken = check_outputs(kw, {"csv_path": "--csv", "plan_out": "--plan-out"}, {"plot_path": "--plot"})
-    check_directory(kw["trace_dir"], "--trace-best")
-    model, cluster, gpus = model_and_gpus(kw)
+    args = GridArgs.from_params(**kw)
+    outputs, ranking = args.outputs, args.ranking
+    stdout_taken = check_outputs(outputs, {"csv_path": "--csv", "plan_out": "--plan-out"}, {"plot_path": "--plot"})
+    check_directory(ranking.trace_dir, "--trace-best")
+    model, cluster, gpus = model_and_gpus(args.search)
     cluster = cluster_for(cluster, gpus)
-    sizes = tuple(opt_int_list(kw["micro_batch_sizes"], "--micro-batch-sizes") or (1,))
+    sizes = tuple(opt_int_list(args.grid.micro_batch_sizes, "--micro-batch-sizes") or (1,))
+    costs_given = args.costs
     if model.micro_batch_size is not None:  # a profiled torch module: its example batch is the micro-batch
-        from distsim.io.files import is_model_profile
-
         sizes = (model.micro_batch_size,) if sizes == (1,) else sizes
-        if not kw["profile_path"] and is_model_profile(kw["model_name"]):
-            kw["profile_path"] = kw["model_name"]
-    spec = GridSpec(
-        gpus=gpus,
-        global_batch=kw["global_batch"],
-        micro_batch_sizes=sizes,
-        schedules=parse_schedules(kw["schedules"]),
-        tp_degrees=opt_int_list(kw["tp_text"], "--tp"),
-        pp_degrees=opt_int_list(kw["pp_text"], "--pp"),
-        virtual_stages=kw["virtual_stages"],
-        grad_sync=kw["grad_sync"],
-        recompute_modes=_modes(kw["recompute_text"], RECOMPUTE_MODES, "--recompute"),
-        sharding_modes=_modes(kw["sharding_text"], SHARDING_MODES, "--optimizer-sharding"),
-        bucket_cap_mb=kw["bucket_cap_mb"] or DDP_BUCKET_CAP_MB,
-        even_stages=not kw["uneven_stages"],
-        memory_filter=not kw["ignore_memory"],
-    )
-    costs = load_costs(cluster, kw["profile_path"], kw["strict"])
-    workers = kw["workers"] or os.cpu_count() or 1
-    progress = Progress(0, "configurations evaluated", enabled=not kw["quiet"])
+        costs_given = costs_given.for_model(args.search.model_name)
+    spec = args.grid.spec(gpus, args.search.global_batch, sizes)
+    costs = load_costs_for(costs_given, cluster)
+    workers = args.grid.workers or os.cpu_count() or 1
+    progress = Progress(0, "configurations evaluated", enabled=not outputs.quiet)
 
     def report(done: int, total: int, point: Any) -> None:
         progress.total = total
@@ -112,45 +100,106 @@ def grid(**kw: Any) -> None:
 
     result = grid_search(model, cluster, spec, costs, workers=workers, progress=report)
     table = result.table()
-    if kw["csv_path"]:
-        write_csv(kw["csv_path"], table)
-    if kw["plot_path"]:
+    if outputs.csv_path:
+        write_csv(outputs.csv_path, table)
+    if outputs.plot_path:
         from distsim.io.plots import search_bars
 
         ax = search_bars(
             table, title=f"{model.name} on {gpus} GPUs of {cluster.name}, global batch {spec.global_batch}"
         )
         ax.figure.tight_layout()
-        write_figure(kw["plot_path"], ax.figure)
-    best = result.best(max(1, kw["top"] or len(result.points)))
+        write_figure(outputs.plot_path, ax.figure)
+    best = result.best(max(1, ranking.top or len(result.points)))
     written = []
-    if best and kw["plan_out"]:
-        written.append(_write_grid_plan(kw["plan_out"], result, best[0], 1, kw))
-    if kw["trace_dir"] and best:
-        written += _trace_best(result, best[: kw["top"] or len(best)], costs, kw)
-    if kw["as_json"]:
+    if best and outputs.plan_out:
+        written.append(_write_grid_plan(outputs.plan_out, result, point=best[0], rank=1, search=args.search))
+    if ranking.trace_dir and best:
+        written += _trace_best(result, best[: ranking.top or len(best)], costs, args)
+    if outputs.as_json:
         data = result.to_dict()
         data["written"] = written
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(_grid_report(result, table, best, written, kw), err=bool(stdout_taken))
+    click.echo(_grid_report(result, table, best, written, ranking, outputs.plan_out), err=bool(stdout_taken))
 
 
-def _grid_report(result: Any, table: Any, best: list[Any], written: list[str], kw: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class GridOptions(Options):
+    """The configurations the grid visits, and the worker processes that simulate them."""
+
+    schedules: str = "1f1b"
+    micro_batch_sizes: str = "1"
+    tp_text: str | None = None
+    pp_text: str | None = None
+    virtual_stages: int = 2
+    grad_sync: str = "bulk"
+    bucket_cap_mb: float | None = None
+    recompute_text: str = "none"
+    sharding_text: str = "none"
+    uneven_stages: bool = False
+    ignore_memory: bool = False
+    workers: int | None = None
+
+    def spec(self, gpus: int, global_batch: int, sizes: tuple[int, ...]) -> Any:
+        """The search's :class:`~distsim.search.grid.GridSpec` (each list option checked)."""
+        from distsim.search.grid import GridSpec
+
+        return GridSpec(
+            gpus=gpus,
+            global_batch=global_batch,
+            micro_batch_sizes=sizes,
+            schedules=parse_schedules(self.schedules),
+            tp_degrees=opt_int_list(self.tp_text, "--tp"),
+            pp_degrees=opt_int_list(self.pp_text, "--pp"),
+            virtual_stages=self.virtual_stages,
+            grad_sync=self.grad_sync,
+            recompute_modes=_modes(self.recompute_text, RECOMPUTE_MODES, "--recompute"),
+            sharding_modes=_modes(self.sharding_text, SHARDING_MODES, "--optimizer-sharding"),
+            bucket_cap_mb=self.bucket_cap_mb or DDP_BUCKET_CAP_MB,
+            even_stages=not self.uneven_stages,
+            memory_filter=not self.ignore_memory,
+        )
+
+
+@dataclass(frozen=True)
+class RankingOptions(Options):
+    """What is shown of the ranking (--top, --show-skipped) and the best configurations' files (--trace-best)."""
+
+    top: int = 10
+    show_skipped: bool = False
+    trace_dir: str | None = None
+    trace_format: str = "json"
+
+
+@dataclass(frozen=True)
+class GridArgs(CommandArgs):
+    """The option groups of ``distsim search grid``."""
+
+    search: SearchOptions
+    costs: CostOptions
+    outputs: OutputOptions
+    grid: GridOptions
+    ranking: RankingOptions
+
+
+def _grid_report(result: Any, table: Any, best: list[Any], written: list[str], ranking: RankingOptions,
+                 plan_out: str | None) -> str:  # fmt: skip
     import pandas as pd
 
     spec = result.spec
     lines = [_grid_header(result, spec)]
-    if kw["show_skipped"] and result.skipped:
+    if ranking.show_skipped and result.skipped:
         lines += ["skipped:", *(f"  {k}" for k in result.skipped), ""]
     if not len(table):
         lines.append("no valid configuration: --show-skipped says why each was skipped")
         return "\n".join(lines)
-    shown = table if not kw["top"] else table.head(kw["top"])
+    top = ranking.top
+    shown = table if not top else table.head(top)
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_columns", None):
         lines.append(_format_table(shown).to_string(index=False))
-    if kw["top"] and len(table) > kw["top"]:
-        lines.append(f"... {len(table) - kw['top']} more (--top 0 shows all, --csv writes all)")
+    if top and len(table) > top:
+        lines.append(f"... {len(table) - top} more (--top 0 shows all, --csv writes all)")
     if best:
         b = best[0]
         lines.append(f"\nbest: {b.strategy} ({b.strategy.describe()}): {b.iteration_time_s * 1e3:.2f} ms per "
@@ -158,8 +207,8 @@ def _grid_report(result: Any, table: Any, best: list[Any], written: list[str], k
     else:
         lines.append("\nno configuration fits in memory (--ignore-memory simulates them anyway)")
     lines += [f"wrote {path}" for path in written]
-    if kw["plan_out"] and best and kw["plan_out"] != "-":
-        lines.append(f"simulate the best plan: distsim simulate --plan {kw['plan_out']} --plot best.png")
+    if plan_out and best and plan_out != "-":
+        lines.append(f"simulate the best plan: distsim simulate --plan {plan_out} --plot best.png")
     return "\n".join(lines)
 
 
@@ -193,12 +242,12 @@ def _format_table(df: Any) -> Any:
     return out.rename(columns={"micro_batches": "M", "peak_memory_gb": "peak_mem_GB", "exposed_comm_s": "exp_comm_s"})
 
 
-def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str, Any]) -> str:
+def _write_grid_plan(path: str, result: Any, point: Any, rank: int, search: SearchOptions) -> str:
     from distsim.io.files import write_plan
-    from distsim.plans.plan import plan_from_strategy
+    from distsim.plans import plan_from_strategy
 
     plan = plan_from_strategy(
-        point.strategy, kw["model_name"], kw["cluster_name"], nodes=result.cluster.nodes,
+        point.strategy, search.model_name, search.cluster_name, nodes=result.cluster.nodes,
         driver="distsim search grid", rank=rank, predicted_iteration_s=round(point.iteration_time_s, 9),
         global_batch=result.spec.global_batch,
     )  # fmt: skip
@@ -206,7 +255,7 @@ def _write_grid_plan(path: str, result: Any, point: Any, rank: int, kw: dict[str
     return path
 
 
-def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) -> list[str]:
+def _trace_best(result: Any, best: list[Any], costs: Any, args: GridArgs) -> list[str]:
     """Re-simulate the best configurations and write each one's trace, Gantt chart and plan. If a write fails,
     what this run created is removed again (the files it wrote new, and the directory if it made it); a file it
     replaced keeps its new content."""
@@ -214,7 +263,7 @@ def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) ->
     from distsim.io.plots import gantt
     from distsim.plans.simulate import simulate
 
-    directory = Path(kw["trace_dir"])
+    directory = Path(args.ranking.trace_dir or "")
     made = [d for d in (directory, *directory.parents) if not d.exists()]  # the deepest first
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -226,14 +275,14 @@ def _trace_best(result: Any, best: list[Any], costs: Any, kw: dict[str, Any]) ->
         for rank, point in enumerate(best, start=1):
             s = point.strategy
             stem = directory / f"{rank:02d}-{s}-mbs{s.micro_batch_size}-{s.schedule}"
-            paths = [f"{stem}.trace.{kw['trace_format']}", f"{stem}.png", f"{stem}.plan.yaml"]
+            paths = [f"{stem}.trace.{args.ranking.trace_format}", f"{stem}.png", f"{stem}.plan.yaml"]
             created += [Path(p) for p in paths if not os.path.lexists(p)]
             r = simulate(result.model, result.cluster, s, costs)
             title = f"{result.model.name} {s.describe()} on {result.cluster.name}"
-            write_trace(paths[0], r.timeline, title, quiet=kw["quiet"])
+            write_trace(paths[0], r.timeline, title, quiet=args.outputs.quiet)
             ax = gantt(r.timeline, title=f"#{rank} {title}: {r.iteration_time_s * 1e3:.1f} ms")
             write_figure(paths[1], ax.figure)
-            _write_grid_plan(paths[2], result, point, rank, kw)
+            _write_grid_plan(paths[2], result, point, rank, args.search)
             written += paths
     except BaseException:
         for path in created:

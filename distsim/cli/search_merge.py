@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -15,8 +16,11 @@ from distsim.cli.common import (
     check_outputs,
     load_model_and_cluster,
     parse_int_list,
+    strategy_overrides,
 )
+from distsim.cli.options import CommandArgs, CostOptions, Options, OutputOptions, StrategyOptions, TargetOptions
 from distsim.cli.search import search
+from distsim.core.collectives import analytic_algorithm
 from distsim.core.errors import DistsimError
 from distsim.core.sync import DDP_BUCKET_CAP_MB
 
@@ -96,119 +100,136 @@ def merge(**kw: Any) -> None:
     """
     from distsim.search.merge import PLANNERS, SWEEP_MODES, check_modes, cluster_of, compare_sync, sweep_workers
 
-    stdout_taken = check_outputs(kw, {"plan_out": "--out", "csv_path": "--csv"}, {"plot_path": "--plot"})
-    if kw["plot_path"] and not kw["sweep_text"]:
+    args = MergeArgs.from_params(**kw)
+    outputs, options = args.outputs, args.merge
+    stdout_taken = check_outputs(outputs, {"plan_out": "--out", "csv_path": "--csv"}, {"plot_path": "--plot"})
+    if outputs.plot_path and not options.sweep_text:
         raise DistsimError("--plot draws the --sweep-workers scaling: give --sweep-workers (the merge plan's timeline: "
                            "distsim simulate --plan PLAN --plot FILE)")  # fmt: skip
-    sweep_counts = parse_int_list(kw["sweep_text"], "--sweep-workers") if kw["sweep_text"] else ()
-    modes = check_modes(x.strip() for x in kw["modes_text"].split(",") if x.strip()) if kw["modes_text"] else None
-    model, cluster = load_model_and_cluster(kw)
+    sweep_counts = parse_int_list(options.sweep_text, "--sweep-workers") if options.sweep_text else ()
+    modes = check_modes(x.strip() for x in options.modes_text.split(",") if x.strip()) if options.modes_text else None
+    model, cluster = load_model_and_cluster(args.job)
     for n in sweep_counts:  # a worker count the cluster's nodes cannot hold fails before any work
         cluster_of(cluster, n)
-    strategy = _strategy(kw, model, cluster)
-    costs_for = _costs_for(kw)
-    planner = PLANNERS[kw["choose"]]
+    strategy, costs_given = _strategy(args, model, cluster)
+    costs_for = _costs_for(costs_given)
+    planner = PLANNERS[options.choose]
     compared = modes if modes is None or planner in modes else (*modes, planner)
     comparison = compare_sync(model, cluster, strategy, costs_for(cluster), compared)
-    chosen = comparison.chosen(kw["choose"])
+    chosen = comparison.chosen(options.choose)
     sweep = None
     if sweep_counts:
         sweep_modes = SWEEP_MODES if modes is None else tuple(r.mode for r in comparison.results)
         sweep_modes = sweep_modes if planner in sweep_modes else (*sweep_modes, planner)
-        progress = Progress(0, "simulations of the worker sweep", enabled=not kw["quiet"] and not kw["as_json"],
+        progress = Progress(0, "simulations of the worker sweep", enabled=not outputs.quiet and not outputs.as_json,
                             after_s=2.0)  # fmt: skip
         sweep = sweep_workers(model, cluster, sweep_counts, costs_for, sweep_modes, strategy.micro_batch_size,
                               strategy.num_micro_batches, strategy.bucket_cap_mb, progress=progress)  # fmt: skip
-    written = _write_outputs(kw, comparison, sweep)
-    if kw["as_json"]:
+    written = _write_outputs(args, comparison, sweep)
+    if outputs.as_json:
         data = {
             "comparison": comparison.to_dict(),
-            "allreduce": kw["allreduce"],
-            "choose": kw["choose"],
-            "chosen": {"mode": chosen.mode, "strategy": comparison.plan_strategy(kw["choose"]).describe()},
+            "allreduce": args.costs.allreduce,
+            "choose": options.choose,
+            "chosen": {"mode": chosen.mode, "strategy": comparison.plan_strategy(options.choose).describe()},
             "sweep": sweep.to_dict() if sweep is not None else None,
             "written": written,
         }
         click.echo(json.dumps(data, indent=2))
         return
-    lines = [_report(comparison, kw), "", *_plan_lines(comparison, kw["choose"])]
+    lines = [_report(comparison, args.costs.allreduce), "", *_plan_lines(comparison, options.choose)]
     if sweep is not None:
-        lines += ["", *_sweep_lines(sweep, kw["allreduce"])]
+        lines += ["", *_sweep_lines(sweep, args.costs.allreduce)]
     lines += [f"wrote {path}" for path in written]
-    if kw["plan_out"] and kw["plan_out"] != "-":
-        lines.append(f"simulate it: distsim simulate --plan {kw['plan_out']}"
-                     + (" --allreduce ring" if kw["allreduce"] == "ring" else "") + " --plot merge.png")  # fmt: skip
+    if outputs.plan_out and outputs.plan_out != "-":
+        allreduce = f" --allreduce {args.costs.allreduce}" if args.costs.allreduce != "nccl" else ""
+        lines.append(f"simulate it: distsim simulate --plan {outputs.plan_out}{allreduce} --plot merge.png")
     click.echo("\n".join(lines), err=bool(stdout_taken))
 
 
-def _strategy(kw: dict[str, Any], model: Any, cluster: Any) -> Any:
-    """--strategy with --micro-batches / --micro-batch-size / --bucket-cap-mb; default pure data parallelism."""
+@dataclass(frozen=True)
+class MergeOptions(Options):
+    """The modes compared (--modes), whose merge plan is written (--choose), and the worker sweep (--sweep-workers)."""
+
+    modes_text: str | None = None
+    choose: str = "greedy"
+    sweep_text: str | None = None
+
+
+@dataclass(frozen=True)
+class MergeArgs(CommandArgs):
+    """The option groups of ``distsim search merge``."""
+
+    job: TargetOptions
+    strategy: StrategyOptions
+    costs: CostOptions
+    outputs: OutputOptions
+    merge: MergeOptions
+
+
+def _strategy(args: MergeArgs, model: Any, cluster: Any) -> tuple[Any, CostOptions]:
+    """--strategy with --micro-batches / --micro-batch-size / --bucket-cap-mb; default pure data parallelism. And the
+    costs options (a profiled torch module's profile is its costs unless --profile is given)."""
     from distsim.core.strategy import Strategy
 
-    overrides: dict[str, Any] = {}
-    for opt, field_name in (("micro_batches", "num_micro_batches"), ("micro_batch_size", "micro_batch_size"),
-                            ("bucket_cap_mb", "bucket_cap_mb")):  # fmt: skip
-        if kw[opt] is not None:
-            overrides[field_name] = kw[opt]
+    overrides, _ = strategy_overrides(args.strategy)
+    costs = args.costs
     if model.micro_batch_size is not None:  # a profiled torch module: its example batch is the micro-batch
-        from distsim.io.files import is_model_profile
-
         overrides.setdefault("micro_batch_size", model.micro_batch_size)
-        if not kw["profile_path"] and is_model_profile(kw["model_name"]):
-            kw["profile_path"] = kw["model_name"]
-    text = kw["strategy_text"] or f"1M1P{cluster.num_gpus}D"
-    return Strategy.from_str(text, **overrides)
+        costs = costs.for_model(args.job.model_name)
+    text = args.job.strategy_text or f"1M1P{cluster.num_gpus}D"
+    return Strategy.from_str(text, **overrides), costs
 
 
-def _costs_for(kw: dict[str, Any]) -> Callable[[Any], Any]:
+def _costs_for(costs: CostOptions) -> Callable[[Any], Any]:
     """Costs for any size of the cluster (a sweep resizes it): analytic costs with the --allreduce algorithm, under
     the profile's measurements when --profile is given (the file is read once)."""
-    from distsim.cli.common import ALLREDUCE_CHOICES
     from distsim.io.files import load_profile
     from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
-    tree = ALLREDUCE_CHOICES[kw["allreduce"]]
-    if not kw["profile_path"]:
-        if kw["strict"]:
+    allreduce = costs.allreduce
+    if not costs.profile_path:
+        if costs.strict:
             raise DistsimError("--strict needs --profile")
-        return lambda cluster: AnalyticCosts(cluster, tree=tree)
-    db = load_profile(kw["profile_path"])
-    return lambda cluster: ProfileCosts(db, AnalyticCosts(cluster, tree=tree), strict=kw["strict"])
+        return lambda cluster: AnalyticCosts(cluster, allreduce=allreduce)
+    db = load_profile(costs.profile_path)
+    return lambda cluster: ProfileCosts(db, AnalyticCosts(cluster, allreduce=allreduce), strict=costs.strict)
 
 
-def _write_outputs(kw: dict[str, Any], comparison: Any, sweep: Any) -> list[str]:
+def _write_outputs(args: MergeArgs, comparison: Any, sweep: Any) -> list[str]:
     from distsim.io.files import write_csv, write_figure, write_plan
-    from distsim.plans.plan import plan_from_strategy
+    from distsim.plans import plan_from_strategy
 
+    outputs, choose, allreduce = args.outputs, args.merge.choose, args.costs.allreduce
     written = []
-    if kw["plan_out"]:
-        chosen = comparison.chosen(kw["choose"])
+    if outputs.plan_out:
+        chosen = comparison.chosen(choose)
         plan = plan_from_strategy(
-            comparison.plan_strategy(kw["choose"]), kw["model_name"], kw["cluster_name"],
-            nodes=comparison.cluster.nodes, driver="distsim search merge", planner=kw["choose"],
-            predicted_iteration_s=round(chosen.iteration_time_s, 9), allreduce=kw["allreduce"],
+            comparison.plan_strategy(choose), args.job.model_name, args.job.cluster_name,
+            nodes=comparison.cluster.nodes, driver="distsim search merge", planner=choose,
+            predicted_iteration_s=round(chosen.iteration_time_s, 9), allreduce=allreduce,
         )  # fmt: skip
-        write_plan(kw["plan_out"], plan)
-        written.append(kw["plan_out"])
-    if kw["csv_path"]:
-        write_csv(kw["csv_path"], sweep.table() if sweep is not None else comparison.table())
-        written.append(kw["csv_path"])
-    if kw["plot_path"] and sweep is not None:
+        write_plan(outputs.plan_out, plan)
+        written.append(outputs.plan_out)
+    if outputs.csv_path:
+        write_csv(outputs.csv_path, sweep.table() if sweep is not None else comparison.table())
+        written.append(outputs.csv_path)
+    if outputs.plot_path and sweep is not None:
         from distsim.io.plots import speedup_curves
 
-        algorithm = "ring all-reduce" if kw["allreduce"] == "ring" else "NCCL's ring or tree"
+        algorithm = analytic_algorithm(allreduce).describe()
         title = (f"{sweep.model.name}, {sweep.micro_batch_size} samples per GPU, on {sweep.cluster.name} nodes "
                  f"({algorithm})")  # fmt: skip
         ax = speedup_curves(sweep.table(), sweep.modes, title=title)
         ax.figure.tight_layout()
-        write_figure(kw["plot_path"], ax.figure)
-        written.append(kw["plot_path"])
+        write_figure(outputs.plot_path, ax.figure)
+        written.append(outputs.plot_path)
     return written
 
 
-def _report(comparison: Any, kw: dict[str, Any]) -> str:
+def _report(comparison: Any, allreduce: str) -> str:
     c, s = comparison.cluster, comparison.strategy
-    algorithm = "ring all-reduce only" if kw["allreduce"] == "ring" else "all-reduce by NCCL's ring or tree"
+    algorithm = analytic_algorithm(allreduce).describe()
     lines = [
         f"{comparison.model.name} on {c.name} ({c.describe()})",
         f"strategy {s} ({s.describe()}); costs: {comparison.cost_source}, {algorithm}",
@@ -263,7 +284,7 @@ def describe_groups(groups: Sequence[Any], model: Any) -> list[str]:
 def _sweep_lines(sweep: Any, allreduce: str) -> list[str]:
     import pandas as pd
 
-    algorithm = "ring all-reduce only" if allreduce == "ring" else "all-reduce by NCCL's ring or tree"
+    algorithm = analytic_algorithm(allreduce).describe()
     table = sweep.table()
     shown = pd.DataFrame({"workers": table["workers"], "nodes": table["nodes"]})
     for m in sweep.modes:

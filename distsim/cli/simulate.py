@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.collocation import background_options, check_background, collocate_from_options, format_report
+from distsim.cli.collocation import (
+    BackgroundOptions,
+    background_options,
+    check_background,
+    collocate_from_options,
+    format_report,
+)
 from distsim.cli.common import (
     GB,
     TRACE_FORMATS,
@@ -18,7 +25,7 @@ from distsim.cli.common import (
     check_outputs,
     fmt_time,
     grad_sync_options,
-    load_costs,
+    load_costs_for,
     load_model_and_cluster,
     load_plan_for,
     parse_stragglers,
@@ -26,8 +33,17 @@ from distsim.cli.common import (
     strategy_overrides,
     write_trace,
 )
+from distsim.cli.options import (
+    CommandArgs,
+    CostOptions,
+    Options,
+    OutputOptions,
+    StrategyOptions,
+    TargetOptions,
+)
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
+from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 
 
@@ -197,51 +213,20 @@ def simulate(**kw: Any) -> None:
       distsim simulate --plan burst.plan.yaml --background resnet50 --background-batch 8
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
-    from distsim.core.strategy import Strategy
-    from distsim.plans.simulate import simulate as run_simulation
-    from distsim.sim.costs import ProfileCosts
-    from distsim.sim.flow.events import FlowOptions
-
-    stdout_taken = check_outputs(kw, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
-    plan = None
-    if kw["plan_path"]:
-        plan = load_plan_for(kw)
-    elif not kw["strategy_text"]:
-        raise click.UsageError("give --strategy (e.g. 2M4P2D) or --plan FILE")
-    if not kw["model_name"] or not kw["cluster_name"]:
-        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
-    model, cluster = load_model_and_cluster(kw)
-    background = check_background(kw)
-    if kw["straggler"]:
-        cluster = cluster.with_slowdown(parse_stragglers(kw["straggler"]))
-    from distsim.io.files import is_model_profile
-
-    if not kw["profile_path"] and is_model_profile(kw["model_name"]):
-        kw["profile_path"] = kw["model_name"]  # a torch module's profile: its measured events go with its graph
-    overrides, given = strategy_overrides(kw)
-    if model.micro_batch_size is not None and plan is None:
-        overrides.setdefault("micro_batch_size", model.micro_batch_size)  # the profiled example batch
-    if plan is not None and given:
-        raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
-    target = plan if plan is not None else Strategy.from_str(kw["strategy_text"], **overrides)
-    strategy = target.pipeline_strategy() if plan is not None else target
-    costs = load_costs(cluster, kw["profile_path"], kw["strict"], kw["allreduce"])
-    options = FlowOptions(
-        p2p_blocking=kw["p2p_mode"] == "blocking",
-        symmetric=False if kw["full"] else None,
-        rank_order=kw["rank_order"],
-        link_sharing=kw["link_sharing"],
-        host={"auto": None, "on": True, "off": False}[kw["host_mode"]],
-    )
-    try:
-        progress = _announce(estimate_size(model, cluster, target, costs, options, kw["samples"]), kw["max_tasks"])
-        result = run_simulation(model, cluster, target, costs, options, samples=kw["samples"], seed=kw["seed"],
-                                max_tasks=kw["max_tasks"], progress=progress)  # fmt: skip
-    except DistsimError as exc:
-        if plan is None:
-            raise
-        raise type(exc)(f"{kw['plan_path']}: {exc}") from None
-    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not kw["as_json"]:
+    args = SimulateArgs.from_params(**kw)
+    stdout_taken = check_outputs(args.outputs, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
+    plan, job = _plan_or_strategy(args.job)
+    model, cluster = load_model_and_cluster(job)
+    background = check_background(args.background, args.simulation.samples)
+    if args.simulation.straggler:
+        cluster = cluster.with_slowdown(parse_stragglers(args.simulation.straggler))
+    costs_given = args.costs.for_model(job.model_name)  # a torch module's profile: its events go with its graph
+    target = _target(plan, job, model, args.strategy)
+    strategy = target.strategy if plan is not None else target
+    costs = load_costs_for(costs_given, cluster)
+    options = args.simulation.flow_options()
+    result = _run(model, cluster, target, costs, options, args.simulation, job.plan_path if plan is not None else None)
+    if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not args.outputs.as_json:
         click.echo(
             f"note: {strategy.num_micro_batches} micro-batch(es) for {strategy.pp} pipeline stages leaves most "
             "of the pipeline idle; pass --micro-batches",
@@ -249,27 +234,115 @@ def simulate(**kw: Any) -> None:
         )
     collocated = None
     if background is not None:  # before any output is written: a background that cannot run is refused first
-        collocated = collocate_from_options(kw, background, model, cluster, target, costs, options, result)
-    _write_outputs(result, kw)
+        collocated = collocate_from_options(args.background, background, model, cluster, target, costs, options,
+                                            result, max_tasks=args.simulation.max_tasks)  # fmt: skip
+    _write_outputs(result, args.outputs)
+    _report(result, job, costs_given, costs, collocated, args.outputs, stdout_taken)
+
+
+@dataclass(frozen=True)
+class SimulationOptions(Options):
+    """How the iteration is simulated: --p2p, --link-sharing, --rank-order, --host, --straggler, --full, and the
+    stochastic runs (--samples, --seed) within --max-tasks."""
+
+    p2p_mode: str = "nonblocking"
+    link_sharing: str = "structural"
+    rank_order: str = "tp,dp,pp"
+    host_mode: str = "auto"
+    straggler: tuple[str, ...] = ()
+    full: bool = False
+    samples: int = 0
+    seed: int = 0
+    max_tasks: int = DEFAULT_MAX_TASKS
+
+    def flow_options(self) -> Any:
+        from distsim.sim.flow.events import FlowOptions
+
+        return FlowOptions(
+            p2p_blocking=self.p2p_mode == "blocking",
+            symmetric=False if self.full else None,
+            rank_order=self.rank_order,
+            link_sharing=self.link_sharing,
+            host={"auto": None, "on": True, "off": False}[self.host_mode],
+        )
+
+
+@dataclass(frozen=True)
+class SimulateArgs(CommandArgs):
+    """The option groups of ``distsim simulate``."""
+
+    job: TargetOptions
+    strategy: StrategyOptions
+    simulation: SimulationOptions
+    costs: CostOptions
+    outputs: OutputOptions
+    background: BackgroundOptions
+
+
+def _plan_or_strategy(job: TargetOptions) -> tuple[Any, TargetOptions]:
+    """The --plan (None with --strategy), and the job with the plan's model, cluster and nodes where not given."""
+    plan = None
+    if job.plan_path:
+        plan, job = load_plan_for(job)
+    elif not job.strategy_text:
+        raise click.UsageError("give --strategy (e.g. 2M4P2D) or --plan FILE")
+    if not job.model_name or not job.cluster_name:
+        raise click.UsageError("give --model and --cluster (or a --plan that names them)")
+    return plan, job
+
+
+def _target(plan: Any, job: TargetOptions, model: Any, given_options: StrategyOptions) -> Any:
+    """What is simulated: the plan, or --strategy with the strategy options (which a plan refuses)."""
+    from distsim.core.strategy import Strategy
+
+    overrides, given = strategy_overrides(given_options)
+    if model.micro_batch_size is not None and plan is None:
+        overrides.setdefault("micro_batch_size", model.micro_batch_size)  # the profiled example batch
+    if plan is not None and given:
+        raise DistsimError(f"{given[0]} does not apply to --plan; edit the plan file")
+    return plan if plan is not None else Strategy.from_str(job.strategy_text, **overrides)
+
+
+def _run(model: Any, cluster: Any, target: Any, costs: Any, options: Any, simulation: SimulationOptions,
+         plan_path: str | None) -> Any:  # fmt: skip
+    """Simulate (refusing one above --max-tasks, announcing a long one); a plan's errors name its file."""
+    from distsim.plans.simulate import simulate as run_simulation
+
+    samples, max_tasks = simulation.samples, simulation.max_tasks
+    try:
+        progress = _announce(estimate_size(model, cluster, target, costs, options, samples), max_tasks)
+        return run_simulation(model, cluster, target, costs, options, samples=samples, seed=simulation.seed,
+                              max_tasks=max_tasks, progress=progress)  # fmt: skip
+    except DistsimError as exc:
+        if plan_path is None:
+            raise
+        raise type(exc)(f"{plan_path}: {exc}") from None
+
+
+def _report(result: Any, job: TargetOptions, costs_given: CostOptions, costs: Any, collocated: Any,
+            outputs: OutputOptions, stdout_taken: str | None) -> None:  # fmt: skip
+    """The JSON object (--json), or the summary: on stderr when an output took standard output."""
+    from distsim.sim.costs import ProfileCosts
+
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
-    if kw["as_json"]:
+    if outputs.as_json:
         data = result.to_dict()
         if collocated is not None:
             data["collocation"] = collocated.to_dict()
         if provenance is not None:
-            data["profile"] = {"path": kw["profile_path"], "provenance": provenance}
+            data["profile"] = {"path": costs_given.profile_path, "provenance": provenance}
         click.echo(json.dumps(data, indent=2))
         return
     report = bool(stdout_taken)  # an output on stdout: the summary goes to stderr
     click.echo(_summary(result), err=report)
     if provenance is not None:
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
-        also = " (also the model's layer graph)" if kw["profile_path"] == kw["model_name"] else ""
-        click.echo(f"profile: {kw['profile_path']}{also} ({what or 'no provenance recorded'})", err=report)
+        also = " (also the model's layer graph)" if costs_given.profile_path == job.model_name else ""
+        click.echo(f"profile: {costs_given.profile_path}{also} ({what or 'no provenance recorded'})", err=report)
         click.echo(_load_note(provenance), nl=False, err=report)
     if collocated is not None:
         click.echo("\n" + format_report(collocated), err=report)
-    if kw["show_schedule"]:
+    if outputs.show_schedule:
         from distsim.core.schedules import format_grid
 
         grid = format_grid(result.flow.schedule)
@@ -292,21 +365,21 @@ def _announce(size: tuple[int, int], max_tasks: int) -> Progress | None:
     return Progress(runs, "stochastic runs") if runs > 1 else None
 
 
-def _write_outputs(result: Any, kw: dict[str, Any]) -> None:
+def _write_outputs(result: Any, outputs: OutputOptions) -> None:
     from distsim.io.files import write_figure, write_timeline_csv
 
-    if not (kw["trace_path"] or kw["csv_path"] or kw["plot_path"]):
+    if not (outputs.trace_path or outputs.csv_path or outputs.plot_path):
         return
     title = f"{result.model.name} {result.label} on {result.cluster.name}"
-    if kw["trace_path"]:
-        write_trace(kw["trace_path"], result.timeline, title, expand=kw["all_gpus"])
-    if kw["csv_path"]:
-        write_timeline_csv(kw["csv_path"], result.timeline, expand=kw["all_gpus"])
-    if kw["plot_path"]:
+    if outputs.trace_path:
+        write_trace(outputs.trace_path, result.timeline, title, expand=outputs.all_gpus)
+    if outputs.csv_path:
+        write_timeline_csv(outputs.csv_path, result.timeline, expand=outputs.all_gpus)
+    if outputs.plot_path:
         from distsim.io.plots import gantt
 
         ax = gantt(result.timeline, title=f"{title}: {fmt_time(result.iteration_time_s)} per iteration")
-        write_figure(kw["plot_path"], ax.figure)
+        write_figure(outputs.plot_path, ax.figure)
 
 
 def _load_note(provenance: dict[str, Any]) -> str:
@@ -323,19 +396,10 @@ def _load_note(provenance: dict[str, Any]) -> str:
     return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n" + note
 
 
-_PLAN_LINES = {
-    "stages": lambda p, n: (f"{len(p.stages)} stages on {n} GPUs; {p.micro_batches} micro-batches of "
-                            f"{p.micro_batch_size} samples split over each stage's replicas; {p.schedule}"),
-    "burst": lambda p, n: (f"{len(p.burst)} layers on {n} GPUs; one batch of {p.micro_batch_size} samples split over "
-                           f"each layer's GPUs; grad_sync {p.grad_sync}"),
-}  # fmt: skip
-"""Plan kind -> what the summary says of its plan (given the plan and its GPU count)."""
-
-
 def _summary(r: Any) -> str:
     s, m, c = r.strategy, r.model, r.cluster
     if r.plan is not None:
-        what = f"plan {r.plan.notation()} ({_PLAN_LINES[r.plan.kind](r.plan, r.num_gpus)})"
+        what = f"plan {r.plan.notation()} ({PLAN_KINDS[r.plan.kind].summary(r.plan)})"
     else:
         what = f"strategy {s} ({s.describe()})"
     lines = [
@@ -357,7 +421,8 @@ def _summary(r: Any) -> str:
     lines.append(f"  bubble fraction    {100 * r.bubble_fraction:.1f} % (mean idle share of the iteration)")
     lines.append(f"  exposed comm       {fmt_time(r.exposed_comm_s)} per GPU (mean)")
     worst = max(r.memory, key=lambda x: x.total_bytes)
-    burst = r.plan is not None and r.plan.kind == "burst"
+    kind = PLAN_KINDS[r.plan.kind] if r.plan is not None else None
+    burst = kind is not None and kind.memory_per_gpu
     verdict = "fits" if r.fits_in_memory else "OUT OF MEMORY"
     lines.append(
         f"  peak memory        {worst.total_bytes / GB:.2f} GB of {c.gpu.memory_bytes / GB:.0f} GB "
@@ -385,10 +450,9 @@ def _summary(r: Any) -> str:
         lines += [f"                       {k}" for k in missing[:6]]
         if len(missing) > 6:
             lines.append(f"                       ... and {len(missing) - 6} more (--json lists all)")
-    if burst:
-        from distsim.plans.burst_form import describe_layouts
-
-        lines.append("  GPUs per layer     " + describe_layouts(r.plan.burst))
+    layout = kind.layout_line(r.plan) if kind is not None else None
+    if layout is not None:
+        lines.append(f"  {layout[0]:<19}{layout[1]}")
     else:
         lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
     lines.append("")

@@ -9,6 +9,7 @@ import click
 
 from distsim.cli.app import cli
 from distsim.cli.common import check_outputs
+from distsim.cli.options import OutputOptions
 from distsim.core.errors import DistsimError
 
 
@@ -33,7 +34,7 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy: Any = Strategy.from_str(plan["strategy"])
     if plan.get("burst"):  # a burst plan ran: simulate it (its strategy is only its one-stage view)
-        from distsim.plans.plan import plan_from_dict
+        from distsim.plans import plan_from_dict
 
         strategy = plan_from_dict(plan["burst"], f"{path}: plan burst")
     costs: Any = AnalyticCosts(cluster)
@@ -63,7 +64,7 @@ def _described(result: Any) -> str:
     """The strategy that ran, or the plan (a burst plan: its GPUs per layer, batch and gradient sync)."""
     if result.plan is None:
         return str(result.strategy.describe())
-    return f"{result.label} (batch {result.plan.micro_batch_size}, {result.plan.grad_sync})"
+    return f"{result.label} (batch {result.plan.strategy.micro_batch_size}, {result.plan.strategy.grad_sync})"
 
 
 def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
@@ -81,7 +82,7 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
     burst = "PLAN.yaml" if plan.get("burst") else None  # the trace's plan.burst, written to a file
     world = strategy.num_gpus
     if burst:
-        from distsim.plans.plan import plan_from_dict
+        from distsim.plans import plan_from_dict
 
         world = plan_from_dict(plan["burst"], f"{path}: plan burst").num_gpus
     command = profile_command(plan["model"], plan["cluster"], strategy, out,
@@ -122,8 +123,8 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
     """
     if (trace_path is None) == (suite_dir is None):
         raise click.UsageError("give --trace FILE or --suite [DIR]")
-    kw = {"plot_path": plot_path, "csv_path": csv_path, "as_json": as_json}
-    report = bool(check_outputs(kw, {"csv_path": "--csv"}, {"plot_path": "--plot"}))  # True: stdout taken
+    outputs = OutputOptions(plot_path=plot_path, csv_path=csv_path, as_json=as_json)
+    report = bool(check_outputs(outputs, {"csv_path": "--csv"}, {"plot_path": "--plot"}))  # True: stdout taken
     if plot_path and not trace_path:
         raise click.UsageError("--plot draws one trace: give --trace FILE")
     if csv_path and not suite_dir:
@@ -205,7 +206,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
         if emulation.get("link_bandwidth"):
             layout += f" {emulation['link_bandwidth']}"
         scale = [x for x in s.describe().split() if x.split("=")[0] in ("recompute", "recompute_layers", "sp", "zero")]
-        sync = result.plan.grad_sync if result.plan is not None else s.grad_sync if s.dp > 1 else "-"
+        sync = result.plan.strategy.grad_sync if result.plan is not None else s.grad_sync if s.dp > 1 else "-"
         rows.append({
             "model": trace.plan["model"], "strategy": " ".join([result.label, *scale]),
             "schedule": s.schedule if s.pp > 1 else "-",

@@ -46,7 +46,7 @@ class ExecuteConfig(WorkerConfig):
     emulation: dict[str, Any] = field(default_factory=dict)
     command: str = ""
     burst: dict[str, Any] | None = None
-    """A burst plan's file form (:mod:`distsim.plans.burst_form`), run by :mod:`distsim.executor.burst`; `strategy` is
+    """A burst plan's file form (:mod:`distsim.plans.burst`), run by :mod:`distsim.executor.burst`; `strategy` is
     then
     its schedule-level view (one stage, one batch)."""
 
@@ -56,23 +56,45 @@ def _log(message: str) -> None:
 
 
 def run(cfg: ExecuteConfig) -> None:
-    import torch
+    """Execute as one rank of the job described by the environment: load and check the plan (:func:`_load_plan`),
+    build this rank's part of it (:func:`_plan_runtime`, :func:`_burst_runtime`), train ``warmup + iterations``
+    steps (:func:`_train`), and once every rank has finished, rank 0 writes the trace (:func:`_write_trace`)."""
     import torch.distributed as dist
 
-    from distsim.core.partition import ranges
-    from distsim.core.placement import Placement
-    from distsim.core.schedules import build_schedule
-    from distsim.core.strategy import Strategy, check_strategy
-    from distsim.executor.runtime import Runtime
-    from distsim.io.files import load_cluster, load_model
-    from distsim.plans.plan import plan_from_dict
     from distsim.profiler.blocks import torch_dtype
-    from distsim.profiler.compute import device_name
     from distsim.profiler.worker import init_rank
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    model, cluster, strategy, burst = _load_plan(cfg, world)
+    device = init_rank(local_rank, local_world, world, cfg.timeout_s)
+    barrier = dist.barrier if world > 1 else (lambda: None)
+    dtype = torch_dtype(model.precision.name, device)
+    if burst is not None:
+        runtime, loss_ranks = _burst_runtime(cfg, model, burst, rank, world, dtype, device)
+    else:
+        runtime, loss_ranks = _plan_runtime(cfg, model, cluster, strategy, rank, world, dtype, device)
+    offsets = _clock_offsets(rank, world, device) if world > 1 else {0: 0.0}
+    _train(cfg, runtime, strategy, rank, world, barrier)
+    payload = (rank, runtime.recorder, runtime.losses)
+    gathered: list[Any] = [payload]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, payload)
+        barrier()
+    if rank == 0:
+        _write_trace(cfg, model, cluster, strategy, burst, runtime, gathered, offsets, loss_ranks, world, device)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _load_plan(cfg: ExecuteConfig, world: int) -> tuple[Any, Any, Any, Any]:
+    """(model, cluster, strategy, burst plan or None), checked to run on this job's `world` ranks."""
+    from distsim.core.strategy import Strategy, check_strategy
+    from distsim.io.files import load_cluster, load_model
+    from distsim.plans import plan_from_dict
+
     model = load_model(cfg.model)
     cluster = load_cluster(cfg.cluster).with_nodes(cfg.nodes)
     strategy = Strategy.from_str(cfg.strategy)
@@ -84,31 +106,44 @@ def run(cfg: ExecuteConfig) -> None:
     ranks = burst.num_gpus if burst else strategy.num_gpus
     if world != ranks:
         raise DistsimError(f"{burst.notation() if burst else strategy} needs {ranks} ranks, this job has {world}")
-    device = init_rank(local_rank, local_world, world, cfg.timeout_s)
-    cuda = device.type == "cuda"
-    barrier = dist.barrier if world > 1 else (lambda: None)
-    dtype = torch_dtype(model.precision.name, device)
-    runtime: Any
-    if burst is not None:
-        from distsim.executor.burst import BurstRuntime, burst_groups
+    return model, cluster, strategy, burst
 
-        groups = burst_groups(model, burst, rank) if world > 1 else {}
-        runtime = BurstRuntime(model, burst, rank, groups, dtype, device, cfg.seed, cfg.lr)
-        loss_ranks = set(burst.burst[-1])  # their weighted shard losses add up to the batch's
-    else:
-        placement = Placement(strategy, cluster)
-        schedule = build_schedule(strategy)
-        stage_ranges = ranges(strategy.partition)
-        groups = _groups(model, strategy, placement, stage_ranges, rank) if world > 1 else {}
-        runtime = Runtime(model, strategy, placement, schedule, stage_ranges, rank, groups, dtype, device, cfg.seed,
-                          cfg.p2p_blocking, cfg.lr)  # fmt: skip
-        if "tied_layers" in groups:
-            runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
-        if strategy.dp > 1 and runtime.grad_units() != runtime.simulated_units():  # a model file without tensors
-            _log(f"warning: rank {rank}'s parameter tensors are not the model's (its blocks' tensors): its gradient "
-                 f"buckets ({len(runtime.buckets)}) may not be the ones the simulator predicts")  # fmt: skip
-        loss_ranks = {int(g) for g in placement.grid[strategy.pp - 1, 0, :1]}
-    offsets = _clock_offsets(rank, world, device) if world > 1 else {0: 0.0}
+
+def _burst_runtime(cfg: ExecuteConfig, model: Any, burst: Any, rank: int, world: int, dtype: Any,
+                   device: Any) -> tuple[Any, set[int]]:  # fmt: skip
+    """This rank's :class:`~distsim.executor.burst.BurstRuntime` and the ranks whose losses make the batch's."""
+    from distsim.executor.burst import BurstRuntime, burst_groups
+
+    groups = burst_groups(model, burst, rank) if world > 1 else {}
+    runtime = BurstRuntime(model, burst, rank, groups, dtype, device, cfg.seed, cfg.lr)
+    return runtime, set(burst.burst[-1])  # their weighted shard losses add up to the batch's
+
+
+def _plan_runtime(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, rank: int, world: int, dtype: Any,
+                  device: Any) -> tuple[Any, set[int]]:  # fmt: skip
+    """This rank's :class:`~distsim.executor.runtime.Runtime` of the strategy (its process groups, tied layers'
+    parameter) and the ranks whose losses are the last stage's."""
+    from distsim.core.partition import ranges
+    from distsim.core.placement import Placement
+    from distsim.core.schedules import build_schedule
+    from distsim.executor.runtime import Runtime
+
+    placement = Placement(strategy, cluster)
+    schedule = build_schedule(strategy)
+    stage_ranges = ranges(strategy.partition)
+    groups = _groups(model, strategy, placement, stage_ranges, rank) if world > 1 else {}
+    runtime = Runtime(model, strategy, placement, schedule, stage_ranges, rank, groups, dtype, device, cfg.seed,
+                      cfg.p2p_blocking, cfg.lr)  # fmt: skip
+    if "tied_layers" in groups:
+        runtime.groups["tied_param"] = _tied_param(runtime, groups["tied_layers"])
+    if strategy.dp > 1 and runtime.grad_units() != runtime.simulated_units():  # a model file without tensors
+        _log(f"warning: rank {rank}'s parameter tensors are not the model's (its blocks' tensors): its gradient "
+             f"buckets ({len(runtime.buckets)}) may not be the ones the simulator predicts")  # fmt: skip
+    return runtime, {int(g) for g in placement.grid[strategy.pp - 1, 0, :1]}
+
+
+def _train(cfg: ExecuteConfig, runtime: Any, strategy: Any, rank: int, world: int, barrier: Any) -> None:
+    """Run ``warmup + iterations`` training iterations (with ``cfg.check``, capturing iteration 0)."""
     total = cfg.warmup + cfg.iterations
     for it in range(total):
         inject_fault(rank, str(it), _log)  # DISTSIM_FAULT=rank=R,at=ITERATION,mode=die|hang
@@ -117,49 +152,69 @@ def run(cfg: ExecuteConfig) -> None:
         runtime.zero_grad()
         if rank == 0:
             _log(f"iteration {it + 1}/{total}{' (warm-up)' if it < cfg.warmup else ''}")
-    payload = (rank, runtime.recorder, runtime.losses)
-    gathered: list[Any] = [payload]
-    if world > 1:
-        gathered = [None] * world
-        dist.all_gather_object(gathered, payload)
-        barrier()
-    if rank == 0:
-        from distsim.io.files import write_chrome_trace, write_json
-        from distsim.io.trace import Trace
 
-        iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
-        losses = [v for r, _rec, v in gathered if r in loss_ranks]
-        per_iter = strategy.num_micro_batches
-        loss_rows = [losses[0][i * per_iter : (i + 1) * per_iter] for i in range(cfg.warmup, total)] if losses else []
-        if burst is not None:
-            loss_rows = [[sum(part[i] for part in losses)] for i in range(cfg.warmup, total)]
-        provenance = {
-            "device": device_name(device), "backend": dist.get_backend() if world > 1 else "none",
-            "torch": torch.__version__, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "host": socket.gethostname(), "platform": platform.platform(),
-            "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
-            "clock_offsets_s": {str(k): v for k, v in offsets.items()}, "timing": runtime.clock.describe(),
-        }  # fmt: skip
-        if runtime.zero is not None and runtime.zero.gloo:  # its gradient reduce-scatters are all-reduces
-            from distsim.profiler.comm import GLOO_NOTES
 
-            provenance["notes"] = {"reduce_scatter": GLOO_NOTES["reduce_scatter"]}
-        plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
-                "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
-                "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
-        if cfg.burst:
-            plan["burst"] = cfg.burst
-        trace = Trace(plan, provenance, iterations, loss_rows)
-        stop_if_orphaned()  # a launcher killed mid-run abandoned it: no trace
-        write_json(cfg.out, trace.to_dict())
-        chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
-        median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
-        write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
-        times = trace.iteration_times_s
-        _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
-             f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
-    if world > 1:
-        dist.destroy_process_group()
+def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, burst: Any, runtime: Any,
+                 gathered: list[Any], offsets: dict[int, float], loss_ranks: set[int], world: int,
+                 device: Any) -> None:  # fmt: skip
+    """Rank 0, once every rank has finished: the measured iterations on rank 0's clock (:func:`_assemble`) with their
+    losses, written to ``cfg.out`` (unless the launcher abandoned the run) with a Chrome trace of the median
+    iteration beside it."""
+    from distsim.io.files import write_chrome_trace, write_json
+    from distsim.io.trace import Trace
+
+    total = cfg.warmup + cfg.iterations
+    iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
+    loss_rows = _loss_rows(gathered, loss_ranks, strategy, burst, cfg.warmup, total)
+    provenance = _trace_provenance(cfg, runtime, offsets, world, device)
+    plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
+            "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
+            "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
+    if cfg.burst:
+        plan["burst"] = cfg.burst
+    trace = Trace(plan, provenance, iterations, loss_rows)
+    stop_if_orphaned()  # a launcher killed mid-run abandoned it: no trace
+    write_json(cfg.out, trace.to_dict())
+    chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
+    median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
+    write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
+    times = trace.iteration_times_s
+    _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
+         f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
+
+
+def _loss_rows(gathered: list[Any], loss_ranks: set[int], strategy: Any, burst: Any, warmup: int,
+               total: int) -> list[list[float]]:  # fmt: skip
+    """Per measured iteration, its micro-batches' losses (a burst plan: the batch's, the sum of the shards')."""
+    losses = [v for r, _rec, v in gathered if r in loss_ranks]
+    per_iter = strategy.num_micro_batches
+    loss_rows = [losses[0][i * per_iter : (i + 1) * per_iter] for i in range(warmup, total)] if losses else []
+    if burst is not None:
+        loss_rows = [[sum(part[i] for part in losses)] for i in range(warmup, total)]
+    return loss_rows
+
+
+def _trace_provenance(cfg: ExecuteConfig, runtime: Any, offsets: dict[int, float], world: int,
+                      device: Any) -> dict[str, Any]:  # fmt: skip
+    """Where and how the trace was measured: device, backend, versions, host, threads, clock offsets and timing."""
+    import torch
+    import torch.distributed as dist
+
+    from distsim.profiler.compute import device_name
+
+    cuda = device.type == "cuda"
+    provenance = {
+        "device": device_name(device), "backend": dist.get_backend() if world > 1 else "none",
+        "torch": torch.__version__, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(), "platform": platform.platform(),
+        "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
+        "clock_offsets_s": {str(k): v for k, v in offsets.items()}, "timing": runtime.clock.describe(),
+    }  # fmt: skip
+    if runtime.zero is not None and runtime.zero.gloo:  # its gradient reduce-scatters are all-reduces
+        from distsim.profiler.comm import GLOO_NOTES
+
+        provenance["notes"] = {"reduce_scatter": GLOO_NOTES["reduce_scatter"]}
+    return provenance
 
 
 # ------------------------------------------------------------------------------------------------------- groups

@@ -317,6 +317,21 @@ def time_compute_event(
     dtype = torch_dtype(event.dtype, dev)
     if progress is not None:
         progress(f"{event.key}: building")
+    module, fresh_inputs, forward, grad = _event_module(event, dev, dtype, seed)
+    measured = time_phase(module, fresh_inputs, grad, event.phase, dev, warmup, repeats, warmup_s)
+    flops = _phase_flops(event.phase, forward, grad)
+    timing = _compute_timing(event.key, measured, repeats, flops, dev, dtype)
+    if progress is not None:
+        progress(_describe(timing))
+    return timing
+
+
+def _event_module(
+    event: ComputeEvent, dev: torch.device, dtype: torch.dtype, seed: int
+) -> tuple[Callable[..., Tensor], Callable[[], tuple[Tensor, ...]], Callable[[], Tensor], Tensor | None]:
+    """(the event's shard module, its weights from `seed`; a source of fresh inputs, seeded ``seed + 2``,
+    ``seed + 3``, ... in turn; a forward of the first inputs; the gradient its backward is fed: None for a scalar
+    loss, else random from ``seed + 2``)."""
     module = build_block(
         event.block,
         event.effective_tp,
@@ -344,24 +359,28 @@ def time_compute_event(
         gen = torch.Generator(device=dev).manual_seed(seed + 2)
         grad = torch.randn(out.shape, generator=gen, device=dev, dtype=torch.float32).to(out.dtype)
     del out
+    return module, fresh_inputs, forward, grad
 
-    measured = time_phase(module, fresh_inputs, grad, event.phase, dev, warmup, repeats, warmup_s)
+
+def _phase_flops(phase: str, forward: Callable[[], Tensor], grad: Tensor | None) -> int | None:
+    """FLOPs of one untimed run of the phase (:func:`count_flops`): the forward, or the backward of a forward's
+    output (the forward not counted)."""
+    if phase == "F":
+        return count_flops(forward)
+    out = forward()
+    return count_flops(lambda: torch.autograd.backward(out, grad))
+
+
+def _compute_timing(
+    key: str, measured: PhaseTimes, repeats: int, flops: int | None, dev: torch.device, dtype: torch.dtype
+) -> ComputeTiming:
+    """The statistics of the timed calls (and on CUDA their mean launch time) as a :class:`ComputeTiming`."""
     times = measured.times_s
-
-    def backward_of(out: Tensor) -> Callable[[], None]:
-        return lambda: torch.autograd.backward(out, grad)
-
-    if event.phase == "F":
-        flops = count_flops(forward)
-    else:
-        run = backward_of(forward())
-        flops = count_flops(run)
-        del run
     p10, median, p90 = (float(v) for v in np.percentile(times, [10, 50, 90]))
     mean = float(np.mean(times))
     launch = None if measured.launch_s is None else float(np.mean(measured.launch_s))
-    timing = ComputeTiming(
-        key=event.key,
+    return ComputeTiming(
+        key=key,
         median_s=median,
         mean_s=mean,
         samples_s=tuple(times),
@@ -374,11 +393,14 @@ def time_compute_event(
         launch_s=launch,
         starved=measured.starved,
     )
-    if progress is not None:
-        host = "" if launch is None else f", host launch {launch * 1e3:.3f} ms"
-        starved = f", {measured.starved} call(s) launched slower than the sleep before them" if measured.starved else ""
-        progress(f"{event.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}){host}{starved}")
-    return timing
+
+
+def _describe(timing: ComputeTiming) -> str:
+    """The progress line of a measured event: its median, percentiles, launch time and starved calls."""
+    median, p10, p90, launch = timing.median_s, timing.p10_s, timing.p90_s, timing.launch_s
+    host = "" if launch is None else f", host launch {launch * 1e3:.3f} ms"
+    starved = f", {timing.starved} call(s) launched slower than the sleep before them" if timing.starved else ""
+    return f"{timing.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}){host}{starved}"
 
 
 # ------------------------------------------------------------------------------------------ any forward and backward

@@ -119,30 +119,102 @@ def check_extension(existing: Any, out: str, emulation: Any, no_comm: bool) -> N
         raise DistsimError(f"cannot extend {out}: {problem} (use the same launch options, or --overwrite)")
 
 
+@dataclass
+class _Rank:
+    """This process's place in the job, its device and backend, and its log (rank 0 logs, the others do not)."""
+
+    rank: int
+    world: int
+    local_world: int
+    device: Any
+    backend: str
+    log: Callable[[str], None]
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.local_world
+
+
+@dataclass
+class _Work:
+    """What every rank profiles: the model (with a user's torch module: its layer graph, and the traced module on
+    rank 0), the strategies and plans, and the cluster they were discovered on and the events found (both None
+    without any strategy or plan)."""
+
+    model: Any
+    traced: Any
+    strategies: list[Any]
+    plans: list[Any]
+    cluster: Any
+    found: Any
+
+
+@dataclass
+class _Measured:
+    """This run's measurements: the compute events (every rank's, on every rank) and those that could not be built,
+    the user's torch module's graph, the self-check summary and the collocation (rank 0), communication and
+    interference."""
+
+    results: dict[str, Any]
+    skipped: dict[str, str]
+    model_dict: dict[str, Any] | None
+    self_check: dict[str, Any] | None = None
+    comm: list[Any] = field(default_factory=list)
+    interference: list[Any] = field(default_factory=list)
+    collocation: Any = None
+
+
 def run(cfg: ProfileConfig, traced: Any = None) -> None:
     """Profile as one rank of the job described by the environment (or alone). `traced`: the torch module of
-    ``cfg.torch_model`` already traced on this rank's device (a single process need not trace it twice)."""
+    ``cfg.torch_model`` already traced on this rank's device (a single process need not trace it twice).
+
+    Set-up (:func:`_join`, :func:`_discover`, :func:`_already_measured`, the reference workload), the compute events
+    (:func:`_measure_compute`, :func:`_self_check`), the communication (:func:`_measure_comm`); once every rank has
+    finished, rank 0 writes the profile (:func:`_write_profile`)."""
+    import torch.distributed as dist
+
+    from distsim.search.discovery import shard_strategies
+
+    started = time.perf_counter()
+    me, reading = _join(cfg)
+    work = _discover(cfg, traced, me)
+    existing, known, known_comm = _already_measured(cfg, me)
+    load = _reference_at_start(reading, me.device, me.world, existing, me.log)
+
+    measured = _measure_compute(cfg, work, known, me, started)
+    checked = [*work.strategies, *shard_strategies(work.plans)]  # a plan's stages: its layers at each shard size
+    if cfg.compute and cfg.self_check and measured.results and checked and not cfg.torch_model:
+        measured.self_check = _self_check(work.model, work.cluster, checked, measured.results, existing, me.device,
+                                          me.rank, me.world, me.log)  # fmt: skip
+
+    measured.comm, measured.interference = _measure_comm(cfg, work.found, known_comm, me)
+    if cfg.collocation and me.rank == 0:
+        from distsim.profiler.collocation import measure_collocation
+
+        measured.collocation = measure_collocation(me.device, progress=me.log)
+    if me.world > 1:
+        dist.barrier()  # every rank finished: only now may rank 0 write
+    _reference_at_end(load, reading, me.device, me.world, me.log)
+
+    if me.rank == 0:
+        _write_profile(cfg, me, measured, existing, load, started)
+    if me.world > 1:
+        dist.destroy_process_group()
+
+
+def _join(cfg: ProfileConfig) -> tuple[_Rank, dict[str, Any]]:
+    """This rank's place from the environment, its device and process group (:func:`init_rank`), and its reading
+    of the machine's load and cores."""
     import torch
     import torch.distributed as dist
 
-    from distsim.core.strategy import Strategy
-    from distsim.io.files import load_cluster, load_model, load_profile, write_json
-    from distsim.plans.plan import plan_from_dict
-    from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
-    from distsim.profiler.compute import device_name, time_compute_event
-    from distsim.profiler.optim import time_optimizer_step
     from distsim.profiler.reference import machine_load
-    from distsim.search.discovery import discover, shard_strategies
-    from distsim.sim.costs import AnalyticCosts
-    from distsim.sim.profile_db import CommMeasurement, Interference, Measurement, ProfileDB
 
-    started = time.perf_counter()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if world % local_world:
         raise DistsimError(f"WORLD_SIZE {world} is not a multiple of LOCAL_WORLD_SIZE {local_world}")
-    nodes = world // local_world
     # the machine's load and cores, read before the rank is pinned to its core
     reading: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), **machine_load()}
     device = init_rank(local_rank, local_world, world, cfg.timeout_s)
@@ -150,88 +222,140 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     reading["cpu_threads"] = None if cuda else torch.get_num_threads()
     log = _log if rank == 0 else (lambda _m: None)
     backend = dist.get_backend() if world > 1 else ("nccl" if cuda else "none")
+    return _Rank(rank, world, local_world, device, backend, log), reading
+
+
+def _discover(cfg: ProfileConfig, traced: Any, me: _Rank) -> _Work:
+    """The model (or the user's torch module: traced on rank 0, its graph sent to the others), the strategies and
+    plans, and the events they need (discovery is deterministic: every rank finds the same)."""
+    from distsim.core.strategy import Strategy
+    from distsim.io.files import load_cluster, load_model
+    from distsim.plans import plan_from_dict
+    from distsim.search.discovery import discover
+    from distsim.sim.costs import AnalyticCosts
 
     if cfg.torch_model:
-        traced, model = _torch_model(cfg.torch_model, rank, world, device, traced)
+        traced, model = _torch_model(cfg.torch_model, me.rank, me.world, me.device, traced)
     else:
         model = load_model(cfg.model)
     strategies = [Strategy.from_str(s) for s in cfg.strategies]
     if model.micro_batch_size is not None:  # a torch module: its example batch is the micro-batch
         strategies = [replace(s, micro_batch_size=model.micro_batch_size) for s in strategies]
     plans = [plan_from_dict(p, "--plan") for p in cfg.plans]
-    found = None
+    cluster = found = None
     if strategies or plans:
         cluster = load_cluster(cfg.cluster)
         found = discover(model, cluster, [*strategies, *plans], AnalyticCosts(cluster))
-        log(found.report())
+        me.log(found.report())
+    return _Work(model, traced, strategies, plans, cluster, found)
+
+
+def _already_measured(cfg: ProfileConfig, me: _Rank) -> tuple[Any, set[str], set[tuple[Any, ...]]]:
+    """(the profile this run extends: rank 0 loads it, the others get None; its compute events' keys and its
+    communication measurements' (collective, scope, group size, bytes), sent to every rank)."""
+    from distsim.io.files import load_profile
+
     existing = None
-    if rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
+    if me.rank == 0 and os.path.exists(cfg.out) and not cfg.overwrite:
         existing = load_profile(cfg.out)  # only rank 0's file system has it on real nodes
     measured_comm = sorted((*m.group, m.bytes) for m in existing.comm) if existing else []
     shared: list[Any] = [sorted(existing.compute) if existing else [], measured_comm]
-    if world > 1:
-        dist.broadcast_object_list(shared, src=0)
-    known, known_comm = set(shared[0]), {tuple(x) for x in shared[1]}
-    load = _reference_at_start(reading, device, world, existing, log)
+    if me.world > 1:
+        import torch.distributed as dist
 
-    # ------------------------------------------------------------------------------------------------ compute
-    measurable = found.measurable_compute if found else {}
-    compute_events = sorted((k, e) for k, e in measurable.items() if k not in known and not _is_torch(e.block.op))
-    wanted = found.optimizer.values() if found else []
+        dist.broadcast_object_list(shared, src=0)
+    return existing, set(shared[0]), {tuple(x) for x in shared[1]}
+
+
+def _optimizer_sizes(cfg: ProfileConfig, work: _Work) -> list[int]:
+    """Parameter counts whose optimizer step is timed: the discovered ones and a sweep to fit in between (a user's
+    torch module: up to its size), all at most ``cfg.max_optimizer_params``."""
+    model = work.model
+    wanted = work.found.optimizer.values() if work.found else []
     optimizer_sizes = sorted({int(p) for p, s in wanted if int(p) <= cfg.max_optimizer_params})
-    state_bytes = model.precision.state_bytes_per_param
     sweep = [n for n in (2**20, 2**22, 2**24) if n <= cfg.max_optimizer_params]
-    if traced is not None:  # a whole user module's shards: up to its size, enough for the fit in between
+    if work.traced is not None:  # a whole user module's shards: up to its size, enough for the fit in between
         sweep = [n for n in sorted({max(1, model.params // 4), max(1, model.params // 2), model.params})
                  if n <= cfg.max_optimizer_params]  # fmt: skip
-    optimizer_sizes = sorted(set(optimizer_sizes) | set(sweep))
-    results: dict[str, Measurement] = {}
+    return sorted(set(optimizer_sizes) | set(sweep))
+
+
+def _measure_compute(cfg: ProfileConfig, work: _Work, known: set[str], me: _Rank, started: float) -> _Measured:
+    """Every rank times its share of the compute events not in the profile yet and of the optimizer steps (rank 0
+    first the user's torch module's layers); every rank gets them all, and the events that could not be built."""
+    measurable = work.found.measurable_compute if work.found else {}
+    compute_events = sorted((k, e) for k, e in measurable.items() if k not in known and not _is_torch(e.block.op))
+    optimizer_sizes = _optimizer_sizes(cfg, work)
+    state_bytes = work.model.precision.state_bytes_per_param
+    results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    inject_fault(rank, "compute", _log)
+    inject_fault(me.rank, "compute", _log)
+    traced = work.traced
     model_dict = traced.model_dict() if traced is not None else None
     if cfg.compute:
         if traced is not None:
             from distsim.profiler.torch_timing import time_layers
 
-            timed, flops = time_layers(traced, cfg.warmup, cfg.repeats, known, log)
+            timed, flops = time_layers(traced, cfg.warmup, cfg.repeats, known, me.log)
             results.update(timed)
             model_dict = traced.model_dict(flops)
-        mine = compute_events[rank::world]
-        for i, (key, event) in enumerate(mine):
-            log(f"compute {i + 1}/{len(mine)} (rank 0's share of {len(compute_events)}): {key}")
-            try:
-                t = time_compute_event(event, device, warmup=cfg.warmup, repeats=cfg.repeats)
-            except ValueError as exc:  # an operator the profiler cannot build
-                skipped[key] = str(exc)
-                continue
-            results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops, t.mean_s, t.samples_s,
-                                       launch_s=t.launch_s)  # fmt: skip
-        for params in optimizer_sizes[rank::world]:
-            key, times = time_optimizer_step(params, state_bytes, device, repeats=max(3, cfg.repeats // 2))
-            times.sort()
-            results[key] = Measurement(times[len(times) // 2], times[0], times[-1], len(times),
-                                       mean_s=sum(times) / len(times), samples_s=tuple(times))  # fmt: skip
-        log(f"compute done on rank 0 after {time.perf_counter() - started:.1f} s")
-    if world > 1:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (results, skipped))
-        for part, part_skipped in gathered:
+        _time_events(cfg, compute_events, me, results, skipped)
+        _time_optimizer_steps(cfg, optimizer_sizes[me.rank :: me.world], state_bytes, me.device, results)
+        me.log(f"compute done on rank 0 after {time.perf_counter() - started:.1f} s")
+    if me.world > 1:
+        for part, part_skipped in _gather((results, skipped), me.world):
             results.update(part)
             skipped.update(part_skipped)
-    self_check = None
-    checked = [*strategies, *shard_strategies(plans)]  # a plan's stages: its layers at each shard size
-    if cfg.compute and cfg.self_check and results and checked and not cfg.torch_model:
-        self_check = _self_check(model, cluster, checked, results, existing, device, rank, world, log)
+    return _Measured(results, skipped, model_dict)
 
-    # ------------------------------------------------------------------------------------------ communication
+
+def _time_events(cfg: ProfileConfig, compute_events: list[tuple[str, Any]], me: _Rank, results: dict[str, Any],
+                 skipped: dict[str, str]) -> None:  # fmt: skip
+    """Time this rank's share of `compute_events` into `results`; an operator the profiler cannot build goes to
+    `skipped` with the reason."""
+    from distsim.profiler.compute import time_compute_event
+    from distsim.sim.profile_db import Measurement
+
+    mine = compute_events[me.rank :: me.world]
+    for i, (key, event) in enumerate(mine):
+        me.log(f"compute {i + 1}/{len(mine)} (rank 0's share of {len(compute_events)}): {key}")
+        try:
+            t = time_compute_event(event, me.device, warmup=cfg.warmup, repeats=cfg.repeats)
+        except ValueError as exc:  # an operator the profiler cannot build
+            skipped[key] = str(exc)
+            continue
+        results[key] = Measurement(t.median_s, t.p10_s, t.p90_s, t.repeats, t.flops, t.mean_s, t.samples_s,
+                                   launch_s=t.launch_s)  # fmt: skip
+
+
+def _time_optimizer_steps(cfg: ProfileConfig, sizes: list[int], state_bytes: Any, device: Any,
+                          results: dict[str, Any]) -> None:  # fmt: skip
+    """Time an optimizer step over each of `sizes` parameters into `results`."""
+    from distsim.profiler.optim import time_optimizer_step
+    from distsim.sim.profile_db import Measurement
+
+    for params in sizes:
+        key, times = time_optimizer_step(params, state_bytes, device, repeats=max(3, cfg.repeats // 2))
+        times.sort()
+        results[key] = Measurement(times[len(times) // 2], times[0], times[-1], len(times),
+                                   mean_s=sum(times) / len(times), samples_s=tuple(times))  # fmt: skip
+
+
+def _measure_comm(cfg: ProfileConfig, found: Any, known_comm: set[tuple[Any, ...]],
+                  me: _Rank) -> tuple[list[Any], list[Any]]:  # fmt: skip
+    """Every rank joins each communication measurement the profile lacks (the sizes swept and those discovered) and
+    the interference of concurrent transfers within a node and across nodes: (measurements, interference)."""
+    from distsim.profiler.comm import CommBench, measure_interference, plan_groups, sweep_sizes
+    from distsim.sim.profile_db import CommMeasurement, Interference
+
     comm: list[CommMeasurement] = []
     interference: list[Interference] = []
-    inject_fault(rank, "comm", _log)
-    if cfg.comm and world > 1:
-        bench = CommBench(device, cfg.comm_warmup, cfg.comm_repeats, progress=log)
+    inject_fault(me.rank, "comm", _log)
+    if cfg.comm and me.world > 1:
+        bench = CommBench(me.device, cfg.comm_warmup, cfg.comm_repeats, progress=me.log)
         wanted = found.comm_groups if found else {}
         base = sweep_sizes(cfg.max_comm_bytes)
-        for spec in plan_groups(nodes, local_world, cfg.max_group):
+        for spec in plan_groups(me.nodes, me.local_world, cfg.max_group):
             exact = {
                 b for b in wanted.get((spec.collective, spec.scope, spec.group_size), ()) if b <= cfg.max_comm_bytes
             }
@@ -239,43 +363,45 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
             sizes = [b for b in sorted(set(base) | exact) if (*group, b) not in known_comm]  # only what is missing
             if sizes:
                 comm += bench.measure(spec, sizes)
-        pairs = ([("intra", (0, 1))] if local_world >= 2 else []) + (
-            [("inter", (0, local_world))] if nodes >= 2 else []
+        pairs = ([("intra", (0, 1))] if me.local_world >= 2 else []) + (
+            [("inter", (0, me.local_world))] if me.nodes >= 2 else []
         )
         for scope, ranks in pairs:
             found_i = measure_interference(bench, ranks, scope, min(16 * 2**20, cfg.max_comm_bytes))
             if found_i is not None:
                 interference.append(found_i)
-    collocation = None
-    if cfg.collocation and rank == 0:
-        from distsim.profiler.collocation import measure_collocation
+    return comm, interference
 
-        collocation = measure_collocation(device, progress=log)
-    if world > 1:
-        dist.barrier()  # every rank finished: only now may rank 0 write
-    _reference_at_end(load, reading, device, world, log)
 
-    if rank == 0:
-        elapsed = time.perf_counter() - started
-        provenance = _provenance(cfg, torch, device, backend, world, local_world, nodes, elapsed, len(results),
-                                 len(comm), device_name(device), load)  # fmt: skip
-        if skipped:
-            provenance["not_profiled"] = skipped
-        if collocation is not None:
-            provenance["runs"][0]["collocation_slowdown"] = collocation.slowdown
-        if self_check is not None:
-            provenance["self_check"] = provenance["runs"][0]["self_check"] = self_check
-        db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(interference),
-                       model=model_dict, collocation=collocation).refit()  # fmt: skip
-        if existing is not None:
-            db = existing.merge(db)
-            log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
-        stop_if_orphaned()  # a launcher killed mid-run abandoned it: no profile
-        write_json(cfg.out, db.to_dict(), indent=1)
-        log(f"wrote {cfg.out}: {len(results)} compute events and {len(comm)} communication measurements "
-            f"in {elapsed:.1f} s")  # fmt: skip
-    if world > 1:
-        dist.destroy_process_group()
+def _write_profile(cfg: ProfileConfig, me: _Rank, measured: _Measured, existing: Any, load: dict[str, Any],
+                   started: float) -> None:  # fmt: skip
+    """Rank 0, once every rank has finished: the profile database with its provenance, merged into `existing` when
+    extending it, written to ``cfg.out`` (unless the launcher abandoned the run)."""
+    import torch
+
+    from distsim.io.files import write_json
+    from distsim.profiler.compute import device_name
+    from distsim.sim.profile_db import ProfileDB
+
+    results, comm = measured.results, measured.comm
+    elapsed = time.perf_counter() - started
+    provenance = _provenance(cfg, torch, me.device, me.backend, me.world, me.local_world, me.nodes, elapsed,
+                             len(results), len(comm), device_name(me.device), load)  # fmt: skip
+    if measured.skipped:
+        provenance["not_profiled"] = measured.skipped
+    if measured.collocation is not None:
+        provenance["runs"][0]["collocation_slowdown"] = measured.collocation.slowdown
+    if measured.self_check is not None:
+        provenance["self_check"] = provenance["runs"][0]["self_check"] = measured.self_check
+    db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(measured.interference),
+                   model=measured.model_dict, collocation=measured.collocation).refit()  # fmt: skip
+    if existing is not None:
+        db = existing.merge(db)
+        me.log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
+    stop_if_orphaned()  # a launcher killed mid-run abandoned it: no profile
+    write_json(cfg.out, db.to_dict(), indent=1)
+    me.log(f"wrote {cfg.out}: {len(results)} compute events and {len(comm)} communication measurements "
+           f"in {elapsed:.1f} s")  # fmt: skip
 
 
 def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[str, Any], existing: Any,
