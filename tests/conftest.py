@@ -1,4 +1,6 @@
-"""Shared fixtures: a real full filesystem for the write-failure tests."""
+"""Shared fixtures: the models, clusters and costs many tests start from, and a real full filesystem for the
+write-failure tests. Tests live in tests/unit (pure logic, the CLI in process, fast) and tests/integration (real
+processes, torch, kernels and notebooks: mostly marked slow)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from distsim.core.cluster import Cluster, get_cluster
+from distsim.core.models import Model, get_model
+from tests.util import chain_model
+
+
+@pytest.fixture(scope="session")
+def hand_chain() -> Model:
+    """Three layers, forward 1 s and backward 2 s each, with 0.5 M, 1 M and 0.25 M parameters and no activations
+    to send: gradient-sync and sharding timelines one can draw by hand."""
+    return chain_model([(1.0, 2.0, 500_000, 0.0), (1.0, 2.0, 1_000_000, 0.0), (1.0, 2.0, 250_000, 0.0)])
+
+
+@pytest.fixture(scope="session")
+def gpt2() -> Model:
+    """The zoo's GPT-2 345M (24 layers, seq 1024)."""
+    return get_model("gpt2-345m")
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Cluster:
+    """The distsim-testbed preset (DistSim's own 2-node evaluation cluster)."""
+    return get_cluster("distsim-testbed")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from distsim.core.cluster import GPU, Cluster, Link, get_cluster
 from distsim.core.collectives import TREE_BUS_BANDWIDTH, collective_s
 from distsim.core.errors import ModelFileError
-from distsim.core.models import get_model
+from distsim.core.models import Model, get_model
 from distsim.core.models.graph import FP16_MIXED, Block
 from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp
 from distsim.core.models.transformer import attention_block, mlp_block
@@ -161,10 +161,10 @@ def test_ring_or_tree_whichever_is_faster() -> None:
                             (1e9, "ring")):  # fmt: skip
         t = costs.comm(CommEvent("all_reduce", int(size), 64, "inter")).seconds
         assert t == pytest.approx(min(ring(int(size)), tree(int(size))))
-        assert collective_s("all_reduce", 64, int(size), alpha, nic, tree=True)[1] == algorithm
+        assert collective_s("all_reduce", 64, int(size), alpha, nic, "nccl")[1] == algorithm
     # inside a node NCCL's tree is a chain: always the ring; all-gather and reduce-scatter are rings
-    assert collective_s("all_reduce", 8, 1e3, alpha, nic, tree=False)[1] == "ring"
-    assert collective_s("all_gather", 64, 1e3, alpha, nic, tree=True)[1] == "ring"
+    assert collective_s("all_reduce", 8, 1e3, alpha, nic, "ring")[1] == "ring"
+    assert collective_s("all_gather", 64, 1e3, alpha, nic, "nccl")[1] == "ring"
     intra = costs.comm(CommEvent("all_reduce", 1000, 8, "intra")).seconds
     assert intra == pytest.approx(14 * alpha + 2 * 7 / 8 * 1000 / 300e9)
 
@@ -198,8 +198,8 @@ def test_causal_attention_runs_about_half_the_blocks() -> None:
     assert causal / full == pytest.approx(33 / 64, rel=0.05)
 
 
-def test_transformer_and_cnn_blocks_list_their_kernels() -> None:
-    gpt = get_model("gpt2-345m")
+def test_transformer_and_cnn_blocks_list_their_kernels(gpt2: Model) -> None:
+    gpt = gpt2
     attention = gpt.layers[1].blocks[0]
     assert [op.name for op in attention.ops] == ["layernorm", "qkv", "flash_attention", "proj", "bias_dropout_add"]
     assert attention.fwd_flops == 8 * 1024 * 1024**2 + 4 * 1024**2 * 1024  # Narayanan et al.: 8 s h^2 + 4 s^2 h

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from distsim.core.cluster import Cluster
+from distsim.core.models import Model
 from tests.util import run_cli as run
 
 SIM = [
@@ -208,12 +210,14 @@ def test_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 2 and "nodes must be a positive integer, got 'two'" in err
 
 
-def test_profile_file_is_used_and_strict_refuses_gaps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_profile_file_is_used_and_strict_refuses_gaps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpt2: Model, testbed: Cluster
+) -> None:
     """A profile holding half of the compute events: they are 'measured', the rest estimated and listed."""
-    from distsim import Strategy, get_cluster, get_model, simulate
+    from distsim import Strategy, simulate
 
     strategy = Strategy.from_str("2M4P2D", num_micro_batches=8)
-    r = simulate(get_model("gpt2-345m"), get_cluster("distsim-testbed"), strategy)
+    r = simulate(gpt2, testbed, strategy)
     table = r.cost_table()
     compute = table[table["kind"] == "compute"]
     kept = compute.iloc[: len(compute) // 2]

@@ -6,7 +6,7 @@ import pytest
 
 from distsim import Strategy, get_cluster, get_model, simulate
 from distsim.core.errors import ModelFileError, StrategyError, UnknownNameError
-from distsim.core.models import ZOO, model_from_dict
+from distsim.core.models import ZOO, Model, model_from_dict
 from tests.util import chain_model, hand_cluster
 
 
@@ -103,8 +103,8 @@ def test_activation_memory_counts_in_flight_microbatches() -> None:
     assert one.peak_memory_bytes == 4000 + 100 * 16
 
 
-def test_tied_embedding_is_stored_once_per_rank() -> None:
-    m = get_model("gpt2-345m")
+def test_tied_embedding_is_stored_once_per_rank(gpt2: Model) -> None:
+    m = gpt2
     whole = simulate(m, hand_cluster(1, 1), Strategy())
     split = simulate(m, hand_cluster(1, 2), Strategy(pp=2))
     head = m.layers[-1]

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from distsim import FlowOptions, Strategy, simulate
 from distsim.core.cluster import get_cluster
-from distsim.core.models import model_from_dict
+from distsim.core.models import Model, model_from_dict
 from distsim.core.models.ops import AttentionOp
 from distsim.core.models.transformer import decoder_only
 from distsim.core.strategy import RECOMPUTE_MODES, SHARDING_MODES
 from distsim.core.sync import SHARDINGS
-from distsim.plans.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
+from distsim.plans import Plan, StagePlan, plan_from_dict, plan_to_dict
 from distsim.plans.simulate import estimate_size
 from distsim.search.discovery import discover
 from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent, ProfileCosts, share_cost
@@ -247,7 +247,6 @@ def test_sequence_parallel_shards_layer_norms_and_dropouts() -> None:
 # --------------------------------------------------------------------------------------------- sharded optimizer
 # Three layers on two GPUs of one node at 1 MB/s: forward 1 s each, backward 2 s each (backward 3-9); gradients and
 # parameters (fp16) l0 1.0 MB, l1 2.0 MB, l2 0.5 MB. A reduce-scatter or all-gather of B bytes over two: B/2 / 1 MB/s.
-HAND = chain_model([(1.0, 2.0, 500_000, 0.0), (1.0, 2.0, 1_000_000, 0.0), (1.0, 2.0, 250_000, 0.0)])
 ZERO_CLUSTER = hand_cluster(nodes=1, gpus_per_node=2, intra_bw=1e6)
 
 
@@ -257,25 +256,25 @@ def _dp_rows(r) -> list[tuple[str, str, float, float]]:
     return [(str(x.stream), str(x.name), round(x.start_s, 9), round(x.end_s, 9)) for x in rows.itertuples()]
 
 
-def test_zero1_reduce_scatters_the_bucket_and_all_gathers_the_shard_params() -> None:
+def test_zero1_reduce_scatters_the_bucket_and_all_gathers_the_shard_params(hand_chain: Model) -> None:
     """bulk + zero1: the 3.5 MB bucket is reduce-scattered 9-10.75 (instead of all-reduced 9-12.5), each GPU steps
     half of the 1.75 M parameters (memory bound, ~0 s here), then all-gathers the 3.5 MB of parameters 10.75-12.5:
     the same 12.5 s, as reduce-scatter + all-gather is an all-reduce."""
-    r = simulate(HAND, ZERO_CLUSTER, Strategy(dp=2, optimizer_sharding="zero1"), options=OFF)
+    r = simulate(hand_chain, ZERO_CLUSTER, Strategy(dp=2, optimizer_sharding="zero1"), options=OFF)
     assert _dp_rows(r) == [("dp", "grads rank 0", 9.0, 10.75), ("gather", "params rank 0", 10.75, 12.5)]
     keys = set(r.flow.keys)
     assert {"reduce_scatter/intra/n=2/bytes=3500000", "all_gather/intra/n=2/bytes=3500000"} <= keys
     assert "optimizer/params=875000/state_bytes=16" in keys
     assert r.iteration_time_s == pytest.approx(12.5)
-    plain = simulate(HAND, ZERO_CLUSTER, Strategy(dp=2), options=OFF)
+    plain = simulate(hand_chain, ZERO_CLUSTER, Strategy(dp=2), options=OFF)
     assert "optimizer/params=1750000/state_bytes=16" in plain.flow.keys
     assert plain.iteration_time_s == pytest.approx(r.iteration_time_s)
 
 
-def test_zero1_composes_with_the_bucketing_mode() -> None:
+def test_zero1_composes_with_the_bucketing_mode(hand_chain: Model) -> None:
     """wfbp + zero1: per layer, l2 reduce-scattered 5-5.25, l1 7-8, l0 9-9.5; after the step each bucket's
     parameters are all-gathered in bucket order: l2 9.5-9.75, l1 9.75-10.75, l0 10.75-11.25."""
-    r = simulate(HAND, ZERO_CLUSTER, Strategy(dp=2, grad_sync="wfbp", optimizer_sharding="zero2"), options=OFF)
+    r = simulate(hand_chain, ZERO_CLUSTER, Strategy(dp=2, grad_sync="wfbp", optimizer_sharding="zero2"), options=OFF)
     assert _dp_rows(r) == [
         ("dp", "grads l2", 5.0, 5.25), ("dp", "grads l1", 7.0, 8.0), ("dp", "grads l0", 9.0, 9.5),
         ("gather", "params l2", 9.5, 9.75), ("gather", "params l1", 9.75, 10.75), ("gather", "params l0", 10.75, 11.25),
@@ -302,26 +301,26 @@ def test_zero3_gathers_each_layer_before_use_with_prefetch() -> None:
 
 
 @pytest.mark.parametrize("sharding", ["zero1", "zero3"])
-def test_a_stages_plan_shards_over_each_stages_replicas(sharding: str) -> None:
+def test_a_stages_plan_shards_over_each_stages_replicas(sharding: str, hand_chain: Model) -> None:
     """A stages plan with one stage on two GPUs is the dp=2 strategy: the same iteration, sharded the same way."""
-    plan = Plan(model="m", cluster="c", stages=(StagePlan((0, 3), (0, 1)),), micro_batch_size=2,
-                optimizer_sharding=sharding, recompute="full")  # fmt: skip
+    plan = Plan.of_stages("m", "c", (StagePlan((0, 3), (0, 1)),), micro_batch_size=2,
+                          optimizer_sharding=sharding, recompute="full")  # fmt: skip
     strategy = Strategy(dp=2, optimizer_sharding=sharding, recompute="full")
-    by_plan = simulate(HAND, ZERO_CLUSTER, plan, options=OFF)
-    by_strategy = simulate(HAND, ZERO_CLUSTER, strategy, options=OFF)
+    by_plan = simulate(hand_chain, ZERO_CLUSTER, plan, options=OFF)
+    by_strategy = simulate(hand_chain, ZERO_CLUSTER, strategy, options=OFF)
     assert by_plan.iteration_time_s == pytest.approx(by_strategy.iteration_time_s)
     assert _dp_rows(by_plan) == _dp_rows(by_strategy)
-    tasks, _ = estimate_size(HAND, ZERO_CLUSTER, plan, options=OFF)
+    tasks, _ = estimate_size(hand_chain, ZERO_CLUSTER, plan, options=OFF)
     assert tasks == len(by_plan.flow)
 
 
 def test_plan_files_carry_recomputation_and_sharding() -> None:
-    plan = Plan(model="m", cluster="c", stages=(StagePlan((0, 2), (0, 1)),), recompute="selective",
-                recompute_layers=1, optimizer_sharding="zero2")  # fmt: skip
+    plan = Plan.of_stages("m", "c", (StagePlan((0, 2), (0, 1)),), recompute="selective",
+                          recompute_layers=1, optimizer_sharding="zero2")  # fmt: skip
     data = plan_to_dict(plan)
     assert data["recompute"] == "selective" and data["optimizer_sharding"] == "zero2"
     assert plan_from_dict(data, "p.yaml") == plan
-    assert plan.pipeline_strategy().optimizer_sharding == "zero2"
+    assert plan.strategy.optimizer_sharding == "zero2"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,9 @@ from dataclasses import replace
 import pytest
 
 from distsim import AnalyticCosts, Strategy, get_cluster, get_model, simulate
+from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
+from distsim.core.models import Model
 from distsim.search.grid import GridSpec, grid_search
 from distsim.search.space import cluster_for, enumerate_strategies
 from tests.util import run_cli
@@ -118,8 +120,8 @@ def test_ranking_is_by_simulated_iteration_time() -> None:
     assert table["samples_per_s"].iloc[0] == pytest.approx(16 / best.iteration_time_s)
 
 
-def test_parallel_search_returns_exactly_the_serial_result() -> None:
-    model, cluster = get_model("gpt2-345m"), get_cluster("distsim-testbed")
+def test_parallel_search_returns_exactly_the_serial_result(gpt2: Model, testbed: Cluster) -> None:
+    model, cluster = gpt2, testbed
     spec = GridSpec(16, 32, micro_batch_sizes=(1, 2), schedules=("gpipe", "1f1b", "interleaved"))
     costs = AnalyticCosts(cluster)
     serial = grid_search(model, cluster, spec, costs, workers=1)

@@ -7,9 +7,10 @@ import pytest
 
 from distsim import Strategy, simulate
 from distsim.core.errors import StrategyError
+from distsim.core.models import Model
 from distsim.core.strategy import check_strategy
 from distsim.core.sync import MB, MODES, GradUnit, SyncContext, SyncSettings, ddp_buckets, lower, tensor_bytes
-from distsim.plans.plan import Plan, StagePlan, plan_from_dict, plan_to_dict
+from distsim.plans import Plan, StagePlan, plan_from_dict, plan_to_dict
 from distsim.sim.costs import AnalyticCosts
 from tests.util import chain_model, hand_cluster, run_cli
 
@@ -60,7 +61,6 @@ def test_each_mode_lowers_to_its_buckets() -> None:
 #           (ready after l1: 7-9.5); l0 alone (9.5-10.5).
 #   mgwfbp with groups 0-1 / 1-3: the same buckets as ddp here.
 #   bulk:   all 3.5 MB after backward, 9-12.5.
-HAND = chain_model([(1.0, 2.0, 500_000, 0.0), (1.0, 2.0, 1_000_000, 0.0), (1.0, 2.0, 250_000, 0.0)])
 WANT = {
     "bulk": [("grads rank 0", 9.0, 12.5)],
     "wfbp": [("grads l2", 5.0, 5.5), ("grads l1", 7.0, 9.0), ("grads l0", 9.0, 10.0)],
@@ -70,28 +70,28 @@ WANT = {
 
 
 @pytest.mark.parametrize("mode", list(WANT))
-def test_hand_computed_data_parallel_timeline(mode: str) -> None:
+def test_hand_computed_data_parallel_timeline(mode: str, hand_chain: Model) -> None:
     cluster = hand_cluster(nodes=1, gpus_per_node=2, intra_bw=1e6)
     extra = {"grad_groups": ((0, 1), (1, 3))} if mode == "mgwfbp" else {}
     strategy = Strategy(dp=2, grad_sync=mode, bucket_cap_mb=1.5, **extra)  # type: ignore[arg-type]
-    df = simulate(HAND, cluster, strategy, AnalyticCosts(cluster)).timeline.df
+    df = simulate(hand_chain, cluster, strategy, AnalyticCosts(cluster)).timeline.df
     rows = df[(df.gpu == 0) & (df.stream == "dp")].sort_values("start_s")
     got = [(r.name, round(r.start_s, 9), round(r.end_s, 9)) for r in rows.itertuples()]
     assert got == WANT[mode]
 
 
-def test_a_stages_plan_lowers_the_same_buckets() -> None:
+def test_a_stages_plan_lowers_the_same_buckets(hand_chain: Model) -> None:
     cluster = hand_cluster(nodes=1, gpus_per_node=2, intra_bw=1e6)
     for mode, extra in (("ddp", {"bucket_cap_mb": 1.5}), ("mgwfbp", {"grad_groups": ((0, 1), (1, 3))})):
-        plan = Plan(model="hand", cluster="hand", stages=(StagePlan((0, 3), (0, 1)),), micro_batch_size=2,
-                    grad_sync=mode, **extra)  # type: ignore[arg-type]  # fmt: skip
-        df = simulate(HAND, cluster, plan, AnalyticCosts(cluster)).timeline.df
+        plan = Plan.of_stages("hand", "hand", (StagePlan((0, 3), (0, 1)),), micro_batch_size=2,
+                              grad_sync=mode, **extra)  # type: ignore[arg-type]  # fmt: skip
+        df = simulate(hand_chain, cluster, plan, AnalyticCosts(cluster)).timeline.df
         rows = df[(df.gpu == 0) & (df.stream == "dp")].sort_values("start_s")
         assert [(r.name, round(r.start_s, 9), round(r.end_s, 9)) for r in rows.itertuples()] == WANT[mode]
         assert plan_from_dict(plan_to_dict(plan), "p") == plan
 
 
-def test_strategy_carries_the_sync_options_and_checks_them() -> None:
+def test_strategy_carries_the_sync_options_and_checks_them(hand_chain: Model) -> None:
     s = Strategy(dp=2, grad_sync="mgwfbp", grad_groups=((0, 1), (1, 3)), bucket_cap_mb=10)
     assert s.describe().endswith("sync=mgwfbp cap=10 groups=0-1/1-3")
     assert Strategy.from_str(s.describe()) == s
@@ -106,7 +106,7 @@ def test_strategy_carries_the_sync_options_and_checks_them() -> None:
         with pytest.raises(StrategyError, match=match):
             Strategy(dp=2, **bad)  # type: ignore[arg-type]
     with pytest.raises(StrategyError, match="gradient groups cover layers 0-2 but hand has layers 0-3"):
-        check_strategy(Strategy(dp=2, grad_sync="mgwfbp", grad_groups=((0, 2),)), HAND, hand_cluster(1, 2))
+        check_strategy(Strategy(dp=2, grad_sync="mgwfbp", grad_groups=((0, 2),)), hand_chain, hand_cluster(1, 2))
     with pytest.raises(StrategyError, match="groups must be layer ranges like 0-4/4-10"):
         Strategy.from_str("dp=2 sync=mgwfbp groups=0:3")
 
@@ -123,14 +123,14 @@ def test_cli_offers_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "'fast' is not one of 'bulk', 'wfbp', 'ddp'" in err
 
 
-def test_bucket_names_stay_unique_when_ddp_splits_a_layer() -> None:
+def test_bucket_names_stay_unique_when_ddp_splits_a_layer(hand_chain: Model) -> None:
     from distsim.sim.flow.comm import bucket_names
 
     tiny = SyncContext(_units(), lambda n: 1.0, settings=SyncSettings(bucket_cap_mb=60 / MB, first_bucket_mb=40 / MB))
     lowered = lower("ddp", tiny)  # layer 2's two tensors land in two buckets
     names = bucket_names(chain_model([(1.0, 2.0, 1, 0.0)] * 3), lowered.buckets, 0)
     assert [names[b] for b in lowered.buckets] == ["grads l2", "grads l2 #2", "grads l0"]
-    assert [bucket_names(HAND, lower("bulk", tiny).buckets, 3)[b] for b in lower("bulk", tiny).buckets] == [
+    assert [bucket_names(hand_chain, lower("bulk", tiny).buckets, 3)[b] for b in lower("bulk", tiny).buckets] == [
         "grads rank 3"
     ]
 
