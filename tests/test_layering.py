@@ -1,5 +1,5 @@
-"""The import graph of distsim/ (lazy imports and type-checking imports included) has no cycle but the ones listed
-here, which are being removed (issue 20): a module that imports one that imports it back is a layer reaching up."""
+"""The import graph of distsim/ (lazy imports and type-checking imports included) has no cycle, and no package imports
+one above it: the layers of README's architecture section, lowest first."""
 
 from __future__ import annotations
 
@@ -10,8 +10,19 @@ import networkx as nx
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distsim"
 
-KNOWN_CYCLES = [{"distsim.plans.plan", "distsim.plans.burst_form"}]
-"""Cycles that remain until plans become a registry of kinds (issue 20); this list only ever shrinks."""
+LAYERS = {
+    "core": 0,  # values and the registries their names are checked against: strategy, cluster, models, schedules
+    "sim": 1,  # costs, event flow, engine, timeline, metrics, memory
+    "infra": 1,  # processes: the launcher, machine load, the self-check's arithmetic
+    "plans": 2,  # plan kinds and simulate()
+    "search": 3,  # the drivers
+    "io": 3,  # files, traces, plots, output
+    "elastic": 4,
+    "profiler": 4,
+    "executor": 5,
+    "cli": 6,
+}
+"""A module may import its own package and packages of a lower number only (two packages on one level: neither)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -47,14 +58,38 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
-def test_the_import_graph_has_no_new_cycle() -> None:
-    cycles = [c for c in nx.strongly_connected_components(import_graph()) if len(c) > 1]
-    new = [sorted(c) for c in cycles if c not in KNOWN_CYCLES]
-    assert not new, f"import cycles: {new}"
+def layer(module: str) -> str | None:
+    """The layer package of a distsim module (None for the top-level package and its entry points)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    cycles = [sorted(c) for c in nx.strongly_connected_components(import_graph()) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_every_module_lives_in_a_layer() -> None:
+    loose = [m for m in import_graph() if layer(m) is None and m not in ("distsim", "distsim.__main__")]
+    assert not loose, f"modules outside the layers of {sorted(LAYERS)}: {loose}"
+
+
+def test_no_import_runs_up_a_layer() -> None:
+    up = [f"{a} -> {b}" for a, b in import_graph().edges
+          if layer(a) and layer(b) and layer(a) != layer(b) and LAYERS[layer(b)] >= LAYERS[layer(a)]]  # fmt: skip
+    assert not up, f"imports of a package on the same or a higher layer: {up}"
+
+
+def test_a_toy_upward_import_is_caught() -> None:
+    """The check above is not vacuous: an edge from core up to cli would be reported."""
+    graph = import_graph()
+    graph.add_edge("distsim.core.strategy", "distsim.cli.common")
+    up = [(a, b) for a, b in graph.edges if layer(a) and layer(b) and LAYERS[layer(b)] > LAYERS[layer(a)]]
+    assert ("distsim.core.strategy", "distsim.cli.common") in up
 
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     """The check would be empty if it missed the imports inside functions and TYPE_CHECKING blocks."""
     graph = import_graph()
-    assert graph.has_edge("distsim.plans.plan", "distsim.plans.burst_form")  # lazy, inside methods
+    assert graph.has_edge("distsim.io.files", "distsim.plans")  # lazy, inside functions
     assert graph.number_of_edges() > 100
