@@ -12,7 +12,7 @@ is pure logic (no torch, no files):
   every tau_c after each merge;
 * :func:`optimal` is the exact O(L^2) DP of ALGORITHMS.md 2.3 and :func:`brute_force` tries all 2^(L-1) patterns.
   They exist because the paper's optimality claim (Theorem 1) is false: the greedy is strictly worse on a sizeable
-  fraction of small random instances (see ``tests/test_mgwfbp.py`` for the verified counterexample);
+  fraction of small random instances (see ``tests/unit/test_mgwfbp.py`` for the verified counterexample);
 * :func:`allreduce_ab` gives (a, b) from Table II of the paper for four all-reduce algorithms (the registered ones
   with a linear model, :data:`distsim.core.collectives.LINEAR_ALGORITHMS`).
 

@@ -19,7 +19,7 @@ Per device type (:data:`BACKGROUNDS`):
   (``os.sched_setaffinity``); the background runs under ``SCHED_IDLE`` (``os.sched_setscheduler``; where that is
   refused, ``nice 19``), so the kernel's scheduler runs it only when the foreground sleeps and preempts it when the
   foreground wakes. Paused with SIGSTOP, resumed with SIGCONT. Its CPU time (``/proc``) says how much of the
-  collocated cycles it ran: it did fill the gaps. Tested (tests/test_profiler_collocation.py).
+  collocated cycles it ran: it did fill the gaps. Tested (tests/integration/test_profiler_collocation.py).
 * **CUDA** (untested: no GPU where this was written): the foreground's kernels on a high-priority stream, the
   background's on a low-priority one of the same device, launched by a thread of this process with at most
   ``IN_FLIGHT`` kernels queued (DeepPool's launch pacing), paused by not launching.

@@ -15,7 +15,7 @@ from distsim.elastic.synth import generate
 from distsim.elastic.workloads import MODELS
 from tests.util import run_cli as run
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CAPS = {"V100": 10.0, "T4": 5.0}
 
 

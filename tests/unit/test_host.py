@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 
 from distsim import FlowOptions, Strategy, simulate
-from tests.test_invariants import SETTINGS, Scenario, _run, scenarios
+from tests.unit.test_invariants import SETTINGS, Scenario, _run, scenarios
 from tests.util import InterferingCosts, chain_model, hand_cluster
 
 HOST = FlowOptions(host=True)

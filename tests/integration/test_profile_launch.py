@@ -22,7 +22,7 @@ from distsim.search.discovery import discover  # noqa: E402
 from distsim.sim.costs import AnalyticCosts, ComputeEvent, Cost, ProfileCosts  # noqa: E402
 from distsim.sim.profile_db import Measurement, ProfileDB  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = ComputeEvent(mlp_block(32, 64, 8, FP32), "F", 1, 1, "fp32")
 
 

@@ -22,7 +22,7 @@ from nbclient import NotebookClient
 import distsim
 import distsim.io.plots
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["quickstart", "search", "deeppool"]
 PUBLIC_MODULES = ("distsim", "distsim.io.plots", "distsim.search", "distsim.io.files")
 PLOT_FUNCTIONS = {

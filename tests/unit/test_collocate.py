@@ -1,7 +1,7 @@
 """Collocation (DeepPool's GPU multiplexing): a background job in the foreground's idle time, checked by hand.
 
 The hand cluster moves 1000 bytes/s with no latency and runs 1e12 FLOP/s; a layer given as FLOPs per sample costs
-its share of the batch (see tests/test_burst_flow.py), and layers without parameters have no all-reduce and a free
+its share of the batch (see tests/unit/test_burst_flow.py), and layers without parameters have no all-reduce and a free
 optimizer step. The background model is one layer of 0.25 s per sample forward (0.5 s backward): at batch 2 one
 iteration takes 0.5 + 1.0 = 1.5 s.
 """
@@ -38,7 +38,7 @@ from distsim.search.collocate import (
 )
 from distsim.sim.costs import DEEPPOOL_COLLOCATION_SLOWDOWN, AnalyticCosts, ProfileCosts
 from distsim.sim.profile_db import Collocation, ProfileDB
-from tests.test_burst_flow import NO_HOST, flops_model
+from tests.unit.test_burst_flow import NO_HOST, flops_model
 from tests.util import hand_cluster, run_cli
 
 CHAIN = flops_model([(1.0, 0, 100.0), (2.0, 0, 300.0), (0.5, 0, 0.0)])

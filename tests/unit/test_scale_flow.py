@@ -30,7 +30,7 @@ from distsim.sim.flow.recompute import attention_core, eligible_layers, recomput
 from distsim.sim.flow.templates import sequence_parallel_block, tp_collectives
 from distsim.sim.kernels import op_s
 from distsim.sim.profile_db import Measurement, ProfileDB
-from tests.test_invariants import SETTINGS, Scenario, _run, scenarios
+from tests.unit.test_invariants import SETTINGS, Scenario, _run, scenarios
 from tests.util import InterferingCosts, chain_model, hand_cluster, run_cli
 
 OFF = FlowOptions(host=False)

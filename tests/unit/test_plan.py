@@ -15,7 +15,7 @@ from distsim.sim.costs import ProfileCosts
 from distsim.sim.flow.events import K_DP, K_P2P, resolve_partition
 from tests.util import chain_model, hand_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

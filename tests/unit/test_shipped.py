@@ -10,7 +10,7 @@ from distsim import FlowOptions, Strategy, get_cluster, get_model, simulate
 from distsim.io.files import load_profile
 from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "cpu-gloo.json"
 
 

@@ -20,10 +20,10 @@ from distsim.core.models import Model
 from distsim.plans import Plan, StagePlan
 from distsim.plans.simulate import SimulationTooLarge, estimate_size
 from distsim.sim.flow.events import FlowOptions
-from tests.test_invariants import Scenario, scenarios
+from tests.unit.test_invariants import Scenario, scenarios
 from tests.util import InterferingCosts, chain_model, hand_cluster, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--cluster", "cpu-1x2", "--strategy", "1M1P2D"]
 
 

@@ -18,10 +18,9 @@ from distsim.profiler.insitu import plan_chains, run_chains  # noqa: E402
 from distsim.search.discovery import discover  # noqa: E402
 from distsim.sim.costs import AnalyticCosts  # noqa: E402
 from distsim.sim.profile_db import Measurement, ProfileDB  # noqa: E402
+from tests.util import run_cli  # noqa: E402
 
-from .util import run_cli  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = "gpt2-345m:seq=16,layers=2,hidden=32,heads=4,vocab=64,precision=fp32"
 
 

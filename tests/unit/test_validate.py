@@ -155,7 +155,7 @@ def test_a_traces_recorded_profile_is_named_from_the_working_directory(
     from where the user is, not relative to the traces' directory."""
     from distsim.cli.validate import planned_profile
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     path = planned_profile(str(repo / "traces" / "t.json"), "../profiles/cpu-gloo.json")
     assert not Path(path).is_absolute() and Path(path).resolve() == repo / "profiles" / "cpu-gloo.json"

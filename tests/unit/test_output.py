@@ -15,7 +15,7 @@ import pytest
 from distsim.io.output import OutputError, check_output, open_output
 from tests.util import run_cli as run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIM = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches", "4",
        "--profile", str(REPO / "profiles" / "cpu-gloo.json")]  # fmt: skip
 

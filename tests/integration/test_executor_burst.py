@@ -122,7 +122,7 @@ def test_two_ranks_run_a_burst_plan_as_one_process_with_the_simulators_events(
     from distsim import get_cluster, simulate
     from distsim.executor.reference import reference_step
     from distsim.io.files import load_plan
-    from tests.test_executor_scale import assert_same_step
+    from tests.integration.test_executor_scale import assert_same_step
 
     plan_file, out, check = tmp_path / "p.yaml", tmp_path / "t.json", tmp_path / "c.pt"
     plan_file.write_text(f"kind: burst\nmodel: '{TINY}'\ncluster: cpu-1x2\nbatch: {batch}\ngrad_sync: {sync}\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import networkx as nx
 
-PACKAGE = Path(__file__).resolve().parents[1] / "distsim"
+PACKAGE = Path(__file__).resolve().parents[2] / "distsim"
 
 LAYERS = {
     "core": 0,  # values and the registries their names are checked against: strategy, cluster, models, schedules

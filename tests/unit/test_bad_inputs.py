@@ -15,7 +15,7 @@ import pytest
 
 from tests.sweep import check_bad_input, write_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROFILE = str(REPO / "profiles" / "cpu-gloo.json")
 TRACE = str(REPO / "traces" / "gpt2-cpu-1x2-1M2P1D-1f1b-M4.json")
 SIM = ["simulate", "--model", "gpt2-cpu", "--cluster", "cpu-2x1", "--strategy", "1M2P1D", "--micro-batches", "4"]

@@ -39,7 +39,7 @@ def distsim(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 )
 def test_two_ranks_reproduce_the_single_process_reference(tmp_path: Path, model: str, strategy: str,
                                                           extra: list[str]) -> None:  # fmt: skip
-    """(2M runs in tests/test_executor_scale.py, its first layer recomputed and its second not.)"""
+    """(2M runs in tests/integration/test_executor_scale.py, its first layer recomputed and its second not.)"""
     check, out = tmp_path / "check.pt", tmp_path / "trace.json"
     run = distsim("execute", "--model", model, "--cluster", "cpu-1x2", "--strategy", strategy, "--micro-batches", "2",
                   "--micro-batch-size", "2", *extra, "--emulate-nodes", "1", "--procs-per-node", "2",

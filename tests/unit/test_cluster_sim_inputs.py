@@ -16,7 +16,7 @@ from distsim.elastic.jobs import Job, TraceError, TraceTooLarge, read_csv
 from tests.sweep import bounded, check_bad_input, write_files
 from tests.util import run_cli
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 HEADER = "job_id,arrival_s,gpus,max_workers,duration_s,model,cap_V100,cap_T4,gpu_type\n"
 OK = "j0,0,1,2,100,resnet50,10,5,\n"
 ATTEMPT = {"start_time": "2017-10-03 02:00:00", "end_time": "2017-10-03 03:00:00",
