@@ -96,7 +96,8 @@ class SyncSettings:
     def of(cls, bucket_cap_mb: float, groups: tuple[tuple[int, int], ...] = ()) -> SyncSettings:
         """The settings of a strategy. As torch 2.13's DistributedDataParallel does, the first bucket is 1 MiB only
         at the default cap; a cap given explicitly applies to the first bucket too (``_BucketCapacityConfig``; a
-        real DDP on gloo rebuilds four equal 0.5 MiB buckets at ``bucket_cap_mb=0.5``, tests/integration/test_grad_buckets.py)."""
+        real DDP on gloo rebuilds four equal 0.5 MiB buckets at ``bucket_cap_mb=0.5``,
+        tests/integration/test_grad_buckets.py)."""
         first = DDP_FIRST_BUCKET_MB if bucket_cap_mb == DDP_BUCKET_CAP_MB else bucket_cap_mb
         return cls(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first, groups=groups)
 
