@@ -22,6 +22,11 @@ costed one kernel at a time; the event's device time is their sum and its host l
   (scale, running max, sum, conversion). The backward runs one thread block per key block, five matrix multiplies
   per pair (the recomputed scores, dP, dV, dK, dQ), the same softmax work, and adds each pair's dQ into an fp32
   buffer (128 x d 4-byte atomic adds at memory bandwidth); plus the dO.O row sums and the dQ conversion kernels.
+* **Stored-score attention** (``unfused``, ``fused_softmax``: Megatron-LM before flash attention, the kernels of
+  :data:`distsim.core.models.ops.SCORE_KERNELS`): each kernel on its own, the batched GEMMs (Q K^T, P V; backward
+  dP, dV, dQ, dK) as GEMMs above with one matrix per sequence and head (``torch.baddbmm``/``torch.bmm`` over
+  micro-batch x local heads; the whole s x s square, a causal mask skips nothing), the scale, mask, softmax and
+  dropout kernels as memory-bound kernels over the scores, the softmax and its backward as row reductions.
 
 Constants below are from first principles, vendor documents or this project's own H100 measurements
 (``shared/evidence/h100-2026-11-22/micro.log``), as each says.
@@ -68,10 +73,13 @@ def _bandwidth(gpu: GPU) -> float:
     return gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency
 
 
-def gemm_s(gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes_per_elem: float) -> float:
-    """Seconds of one m x n x k GEMM's work (no kernel latency); `moved_bytes` are A, B and C read or written once
-    (the floor), `out_bytes_per_elem` what the epilogue moves per output element."""
-    flops = 2.0 * m * n * k
+def gemm_s(
+    gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes_per_elem: float, batch: float = 1
+) -> float:
+    """Seconds of one m x n x k GEMM's work (no kernel latency), or of a batched GEMM of `batch` such matrices in one
+    kernel (their tiles share the waves); `moved_bytes` are A, B and C read or written once (the floor, all of the
+    batch), `out_bytes_per_elem` what the epilogue moves per output element."""
+    flops = 2.0 * m * n * k * batch
     rate = gpu.peak_flops_per_s * gpu.compute_efficiency
     bw = _bandwidth(gpu)
     floor = moved_bytes / bw
@@ -79,7 +87,7 @@ def gemm_s(gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes
     if sms <= 0 or flops == 0:
         return max(flops / rate, floor)
     tm, tn = _tile(math.ceil(m)), _tile(math.ceil(n))
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    tiles = math.ceil(batch) * math.ceil(m / tm) * math.ceil(n / tn)
     best = math.inf
     for split in _splits(tiles, sms):
         waves = math.ceil(tiles * split / sms)
@@ -88,7 +96,7 @@ def gemm_s(gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes
         tile_s = 2.0 * tm * tn * math.ceil(k / split) / (rate / sms) + tm * tn * epilogue / (bw / running)
         t = waves * tile_s
         if split > 1:  # reduce the fp32 partials into the output
-            t += m * n * (split * SPLIT_K_PARTIAL_BYTES + out_bytes_per_elem) / bw
+            t += batch * m * n * (split * SPLIT_K_PARTIAL_BYTES + out_bytes_per_elem) / bw
         best = min(best, t)
     return max(best, floor)
 
@@ -115,14 +123,17 @@ def _causal_pairs(nq: int, nk: int) -> int:
 
 
 def attention_s(gpu: GPU, op: AttentionOp, batch_heads: float, phase: str) -> float:
-    """Seconds of a flash-attention kernel's work over `batch_heads` (micro-batch x local heads) sequences."""
+    """Seconds of an attention core's work over `batch_heads` (micro-batch x local heads) sequences: the flash
+    kernel(s), or the stored-score kernels of ``op.impl`` (:func:`score_attention_s`)."""
+    if op.impl != "flash":
+        return score_attention_s(gpu, op, batch_heads, phase)
     d, e = op.head_dim, op.elem_bytes
     nq, nk = math.ceil(op.q_len / FA_BLOCK), math.ceil(op.kv_len / FA_BLOCK)
     pairs = _causal_pairs(nq, nk) if op.causal else nq * nk
     kept = pairs / (nq * nk)  # share of the score matrix computed
     rate = gpu.peak_flops_per_s * gpu.compute_efficiency
     bw = _bandwidth(gpu)
-    io = op.bytes / op.heads * batch_heads  # Q, K, V, O of these sequences
+    io = op.io_bytes / op.heads * batch_heads  # Q, K, V, O of these sequences
     matmuls = 2 if phase == "F" else ATTENTION_BWD_MATMULS
     sms = int(gpu.sm_count)
     if sms <= 0:  # a CPU: the kept FLOPs at the achieved rate, the tensors at bandwidth
@@ -144,6 +155,21 @@ def attention_s(gpu: GPU, op: AttentionOp, batch_heads: float, phase: str) -> fl
         extra_s = batch_heads * op.q_len * d * (2 * e + 4 + e) / bw  # dO.O row sums; fp32 dQ -> dQ
     t = math.ceil(ctas / sms) * (loop * pair_s + cta_io_s) + extra_s
     return max(t, io * (1 if phase == "F" else 2) / bw)
+
+
+def score_attention_s(gpu: GPU, op: AttentionOp, batch_heads: float, phase: str) -> float:
+    """Seconds of a stored-score attention core's kernels (``op.score_kernels(phase)``) over `batch_heads` sequences
+    (no kernel latency): batched GEMMs at e bytes per output element, memory-bound kernels over the scores."""
+    q, kv, d, e = op.q_len, op.kv_len, op.head_dim, op.elem_bytes
+    total = 0.0
+    for kernel in op.score_kernels(phase):
+        nbytes = kernel.bytes(q, kv, d, e) * batch_heads
+        if kernel.gemm is None:
+            total += memory_s(gpu, nbytes, kernel.reduction)
+        else:
+            m, n, k = kernel.dims(q, kv, d)
+            total += gemm_s(gpu, m, n, k, nbytes, e, batch=batch_heads)
+    return total
 
 
 def op_s(gpu: GPU, op: Op, phase: str, micro_batch_size: int, tp: int) -> tuple[float, int]:

@@ -39,6 +39,14 @@ everything: Megatron-LM's ``--recompute-method block --recompute-num-layers N`` 
 when interleaved), not its ``uniform`` method, which recomputes every layer in groups of N. Megatron accepts the
 method for full recomputation only; for selective the same first-N rule is applied here.
 
+**The attention kernel.** The 5as/h term is the s x s attention scores (softmax output, its dropout mask, the dropout
+output) that the ``unfused`` and ``fused_softmax`` attention kernels store. A transformer layer's figures follow the
+kernel its attention ops run (:data:`distsim.core.models.ops.ATTENTION_IMPLS`, the model's ``attention``): with
+``flash`` attention (the default) the core keeps only its fp32 log-sum-exp, 4as bytes per sequence instead of 5as^2,
+which is then all that selective recomputation drops. The scores kept at the peak are reported as a part of the
+activations (``attention_scores_bytes``: the layers' :attr:`~distsim.core.models.ops.AttentionOp.saved_scores_bytes`
+/ t, none where recomputation drops them), so that a user sees what a stored-score kernel costs.
+
 The peak of a rank is the largest total over its schedule of the micro-batches whose forward has run and whose
 backward has not (K_i for 1F1B, DAPPLE Sec. III-B; M for GPipe; the chunk-weighted peak when interleaved): under
 1F1B the first stage holds p micro-batches of L/p layers, Korthikanti Sec. 4.2.3's L layers' worth, and more when
@@ -51,11 +59,13 @@ at a time); Korthikanti's Table 2 counts only the stored part.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from distsim.core.models.graph import Model
+from distsim.core.models.ops import AttentionOp
 from distsim.core.partition import rank_layers
-from distsim.core.schedules import Schedule, peak_in_flight
+from distsim.core.schedules import Action, Schedule, peak_in_flight
 from distsim.core.strategy import Strategy
 from distsim.sim.flow.recompute import eligible_layers
 from distsim.sim.flow.recompute import recomputed_layers as flow_recomputed
@@ -74,6 +84,16 @@ class LayerActivations:
     """Rebuilt during its backward by recomputation (0 when it is not recomputed)."""
     unrecomputed: float
     """What it would keep with no recomputation (the same tp and sequence parallelism)."""
+    scores: float = 0.0
+    """Of ``stored``, the s x s attention scores its stored-score attention cores keep (0 under flash attention, or
+    when recomputation drops them)."""
+
+
+def attention_scores_bytes(model: Model, i: int) -> float:
+    """Bytes per sample (whole, before tp divides them) of the s x s attention scores layer i's attention ops keep
+    for backward: softmax output, dropout mask and dropout output of an ``unfused`` or ``fused_softmax`` core
+    (Korthikanti et al. 2022 Sec. 4.1's 5as^2); 0 for flash attention and for layers without attention ops."""
+    return sum(op.saved_scores_bytes for b in model.layers[i].blocks for op in b.ops if isinstance(op, AttentionOp))
 
 
 def layer_activations(model: Model, i: int, tp: int, sequence_parallel: bool, mode: str) -> LayerActivations:
@@ -86,14 +106,29 @@ def layer_activations(model: Model, i: int, tp: int, sequence_parallel: bool, mo
     sp = sequence_parallel and tp > 1
     whole = layer.saved_bytes - layer.saved_sp_bytes + layer.saved_sp_bytes / (tp if sp else 1)
     full = whole + layer.saved_sharded_bytes / tp
+    scores = min(attention_scores_bytes(model, i) / tp, full)  # the scores split over tp with the heads
     if mode == "selective":
         core = layer.saved_core_bytes / tp
-        return LayerActivations(full - core, core, full)
+        return LayerActivations(full - core, core, full, max(0.0, scores - core))
     if mode == "full" and layer.recomputable:
         inputs = sum(model.layers[u].out_bytes for u in model.input_layers[i])
         kept = min(inputs / (tp if sp and layer.saved_sp_bytes > 0 else 1), full)
         return LayerActivations(kept, full - kept, full)
-    return LayerActivations(full, 0.0, full)
+    return LayerActivations(full, 0.0, full, scores)
+
+
+def part_at_peak(actions: Sequence[Action], total: dict[int, float], part: dict[int, float]) -> float:
+    """The `part` of a rank's in-flight weight at the moment its `total` first peaks (what
+    :func:`~distsim.core.schedules.peak_in_flight` of `total` reports): e.g. the attention scores of the peak's
+    activations."""
+    live = live_part = peak = at = 0.0
+    for a in actions:
+        sign = 1.0 if a.op == "F" else -1.0
+        live += sign * total[a.stage]
+        live_part += sign * part[a.stage]
+        if live > peak:
+            peak, at = live, live_part
+    return at
 
 
 def recomputed_layers(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> frozenset[int]:
@@ -128,6 +163,10 @@ class MemoryEstimate:
     """Parameters all-gathered over dp for the layers in flight (zero3 only)."""
     unrecomputed_activations_bytes: float = 0.0
     """What ``activations_bytes`` would be with no recomputation (same tp and sequence parallelism)."""
+    attention_scores_bytes: float = 0.0
+    """Of ``activations_bytes``, the s x s attention scores kept (softmax output, dropout mask and dropout output of
+    an ``unfused`` or ``fused_softmax`` attention core; Korthikanti et al. 2022's 5as^2 per sequence and layer) at
+    the rank's peak: 0 with flash attention, or where recomputation drops them."""
     unsharded_states_bytes: float = 0.0
     """What the training state would be with no optimizer sharding."""
     recompute: str = "none"
@@ -165,7 +204,8 @@ class MemoryEstimate:
     def describe_parts(self, unit: float = 1e9, name: str = "GB") -> str:
         """Each part in one line: the state (with what ZeRO changes) and the activations (with what recomputation
         changes), e.g. ``params 2.92 + grads 2.92 + optimizer 2.19 GB (zero1: -15.35 GB); activations 5.23 GB kept +
-        0.53 GB rebuilding one layer (recompute full: -50.21 GB)``."""
+        0.53 GB rebuilding one layer (recompute full: -50.21 GB)``; where stored attention scores are kept, their part
+        follows the kept activations: ``activations 60.78 GB kept (attention scores 26.42 GB)``."""
         states = f"params {self.params_bytes / unit:.2f} + grads {self.grads_bytes / unit:.2f} + optimizer "
         states += f"{self.optimizer_bytes / unit:.2f}"
         if self.gathered_params_bytes:
@@ -174,6 +214,8 @@ class MemoryEstimate:
         if self.optimizer_sharding != "none":
             states += f" ({self.optimizer_sharding}: {-self.sharding_saved_bytes / unit:+.2f} {name})"
         acts = f"activations {self.activations_bytes / unit:.2f} {name} kept"
+        if self.attention_scores_bytes:
+            acts += f" (attention scores {self.attention_scores_bytes / unit:.2f} {name})"
         if self.recompute_bytes:
             acts += f" + {self.recompute_bytes / unit:.2f} {name} rebuilding one layer"
         if self.recompute != "none":
@@ -191,6 +233,7 @@ class MemoryEstimate:
             "gathered_params_bytes": self.gathered_params_bytes,
             "states_bytes": self.states_bytes,
             "activations_bytes": self.activations_bytes,
+            "attention_scores_bytes": self.attention_scores_bytes,
             "recompute_bytes": self.recompute_bytes,
             "in_flight_microbatches": self.in_flight_microbatches,
             "total_bytes": self.total_bytes,
@@ -224,6 +267,7 @@ def estimate_memory(
     kept: dict[int, float] = {}
     rebuilt: dict[int, float] = {}
     unrecomputed: dict[int, float] = {}
+    scores: dict[int, float] = {}
     for vs, (start, end) in enumerate(stage_ranges):
         acts = [
             layer_activations(model, i, tp, sp, strategy.recompute if i in recomputed else "none")
@@ -232,6 +276,7 @@ def estimate_memory(
         kept[vs] = samples[vs] * sum(a.stored for a in acts)
         rebuilt[vs] = samples[vs] * max((a.rebuilt for a in acts), default=0.0)
         unrecomputed[vs] = samples[vs] * sum(a.unrecomputed for a in acts)
+        scores[vs] = samples[vs] * sum(a.scores for a in acts)
     d = strategy.dp if strategy.optimizer_sharding != "none" else 1
     zero = strategy.optimizer_sharding
     out = []
@@ -255,6 +300,7 @@ def estimate_memory(
                 recompute_bytes=max((rebuilt[vs] for vs in stages), default=0.0),
                 gathered_params_bytes=gathered,
                 unrecomputed_activations_bytes=peak_in_flight(actions, unrecomputed),
+                attention_scores_bytes=part_at_peak(actions, kept, scores),
                 unsharded_states_bytes=shard * p.state_bytes_per_param,
                 recompute=strategy.recompute,
                 sequence_parallel=sp,

@@ -1,7 +1,9 @@
 """The memory model of issue 12: activation recomputation, sequence parallelism and ZeRO optimizer sharding.
 
 Activation formulas are Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-Table 2 (per transformer layer, b = 1, 2-byte activations); the training state is Rajbhandari et al. 2020, "ZeRO",
+Table 2 (per transformer layer, b = 1, 2-byte activations), which count the s x s attention scores an unfused or
+fused-softmax attention core stores: the models here say ``attention="unfused"`` (flash attention, the default, keeps
+no scores: tests/unit/test_attention_impl.py); the training state is Rajbhandari et al. 2020, "ZeRO",
 Figure 1 (2 + 2 + K bytes per parameter, K = 12, partitioned over the d data-parallel replicas).
 """
 
@@ -39,8 +41,9 @@ def table2(mode: str, sp: bool, s: int, h: int, a: int, t: int, b: int = 1) -> f
 
 
 def tiny(layers: int = 4) -> Model:
-    """A GPT with s = 8, h = 16, a = 4 (sbh = 128 per sequence, 5as/h = 10) and a 128-token vocabulary."""
-    return decoder_only("tiny", layers, 16, 4, 8, 128, source="test")
+    """A GPT with s = 8, h = 16, a = 4 (sbh = 128 per sequence, 5as/h = 10) and a 128-token vocabulary, its attention
+    storing the scores (unfused), as Korthikanti's formulas count them."""
+    return decoder_only("tiny", layers, 16, 4, 8, 128, source="test", attention="unfused")
 
 
 MODES = [("none", False), ("none", True), ("selective", False), ("selective", True), ("full", False), ("full", True)]
@@ -83,9 +86,10 @@ def test_no_parallelism_is_sbh_34_plus_5as_over_h() -> None:
 def test_table2_at_gpt3_175b(mode: str, sp: bool, expected: int) -> None:
     """GPT-3 175B's layer (Brown et al. 2020, Table 2.1: h 12288, 96 heads, s 2048) at t = 8, b = 1: sbh = 25,165,824
     and 5as/h = 80, so per layer 0.58 GB with tensor parallelism only, 0.05 GB under full recomputation."""
-    layer = layer_activations(get_model("gpt3-175b"), 1, 8, sp, mode)
+    unfused = get_model("gpt3-175b:attention=unfused")  # the paper's runs stored the scores
+    layer = layer_activations(unfused, 1, 8, sp, mode)
     assert layer.stored == expected == table2(mode, sp, 2048, 12288, 96, 8)
-    assert layer_activations(get_model("gpt3-175b"), 1, 1, False, "none").stored == 2048 * 12288 * 114
+    assert layer_activations(unfused, 1, 1, False, "none").stored == 2048 * 12288 * 114
 
 
 def _estimate(model: Model, strategy: Strategy, counts: tuple[int, ...]) -> list[MemoryEstimate]:
@@ -255,10 +259,10 @@ def test_summary_and_json_show_each_part(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_grid_memory_filter_follows_the_strategy() -> None:
     """The grid's filter is estimate_memory's verdict, so recomputation and sharding make GPT-3 175B configurations
-    fit that do not without them."""
+    fit that do not without them (with the stored-score attention of Narayanan et al. 2021's runs)."""
     from distsim.search.grid import evaluate
 
-    model, cluster = get_model("gpt3-175b"), get_cluster("dgx-a100")
+    model, cluster = get_model("gpt3-175b:attention=unfused"), get_cluster("dgx-a100")
     s = Strategy.from_str("8M8P16D", num_micro_batches=96)
     costs = AnalyticCosts(cluster)
     plain = evaluate(model, cluster, s, costs, FlowOptions())

@@ -4,6 +4,7 @@ Two forms, which may be combined (the transformer stack first, then the listed l
 
     name: tiny-gpt
     transformer: {layers: 4, hidden: 512, heads: 8, seq: 256, vocab: 32000}   # embedding + layers + LM head
+                                     # optional: ffn, attention (flash | unfused | fused_softmax; default flash)
 
     name: what-if
     precision: fp16-mixed            # or fp32
@@ -37,6 +38,7 @@ from typing import Any
 from distsim.core.checks import integer, number, positive_int
 from distsim.core.errors import ModelFileError
 from distsim.core.models.graph import MAX_LAYERS, PRECISIONS, Block, Layer, Model
+from distsim.core.models.ops import check_attention_impl
 from distsim.core.models.transformer import check_dims, decoder_only
 
 _MODEL_KEYS = {
@@ -51,7 +53,7 @@ _MODEL_KEYS = {
     "transformer",
     "layers",
 }
-_TRANSFORMER_KEYS = {"layers", "hidden", "heads", "seq", "vocab", "ffn"}
+_TRANSFORMER_KEYS = {"layers", "hidden", "heads", "seq", "vocab", "ffn", "attention"}
 _BLOCK_KEYS = {
     "op", "forward_s", "backward_s", "flops", "params", "io_bytes", "tp", "tp_allreduce_bytes",
     "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "shape",
@@ -169,9 +171,10 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
         missing = [k for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in t]
         if missing:
             raise ModelFileError(f"{where}: transformer needs {', '.join(missing)}")
-        d = check_dims(t, f"{where} transformer")
+        attention = check_attention_impl(t.get("attention", "flash"), f"{where} transformer")
+        d = check_dims({k: v for k, v in t.items() if k != "attention"}, f"{where} transformer")
         stack = decoder_only(name, d["layers"], d["hidden"], d["heads"], d["seq"], d["vocab"], source="",
-                             f=d.get("ffn"), precision=precision)  # fmt: skip
+                             f=d.get("ffn"), precision=precision, attention=attention)  # fmt: skip
         layers += stack.layers
         constraints += stack.tp_constraints
         pipeline_layers = stack.pipeline_layers

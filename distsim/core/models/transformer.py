@@ -4,16 +4,21 @@ Per-sample forward FLOPs of one layer follow Narayanan et al. 2021 ("Efficient L
 on GPU Clusters Using Megatron-LM", Sec. 5.1: 24 s h^2 + 4 s^2 h per layer, i.e. attention 8 s h^2 + 4 s^2 h and MLP
 16 s h^2 with f = 4h). Activation memory kept for backward follows Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", Sec. 4.1 and 4.2.1): s b h (10 + 24/t + 5 a s / (h t)) bytes per layer
-with 2-byte activations and tensor parallelism t, without sequence parallelism or recomputation.
+with 2-byte activations and tensor parallelism t, without sequence parallelism or recomputation, when the attention
+core stores its s x s scores (``unfused``, ``fused_softmax``); with flash attention (the default) the 5as^2 term is
+replaced by the core's fp32 log-sum-exp statistics, 4as: the attention kernel is a choice of the model
+(:data:`~distsim.core.models.ops.ATTENTION_IMPLS`, ``attention=``), and a layer's time and memory both follow it,
+since the layer's activation figures are read from the attention ops its blocks run (:func:`with_attention` rewrites
+both together).
 
 Megatron's tensor parallelism (Shoeybi et al. 2019, Fig. 3) needs one all-reduce of the block output (s h elements
 per sample) after the attention block and after the MLP block in forward, and one each in backward.
 
 Every block also lists its kernels (``Block.ops``, :mod:`distsim.core.models.ops`) for the analytic cost model:
-Megatron's
-layer (Korthikanti et al. 2022, Sec. 4.1) as layer norm, QKV GEMM, flash attention, output projection, bias + dropout +
-residual; layer norm, two MLP GEMMs around the bias + GeLU, bias + dropout + residual; the embedding gather; the LM
-head's GEMM and its fp32 vocab-parallel cross-entropy. ``fwd_flops`` and ``io_bytes`` are the sums over those ops.
+Megatron's layer (Korthikanti et al. 2022, Sec. 4.1) as layer norm, QKV GEMM, the attention core (flash, or the
+stored-score kernels), output projection, bias + dropout + residual; layer norm, two MLP GEMMs around the bias + GeLU,
+bias + dropout + residual; the embedding gather; the LM head's GEMM and its fp32 vocab-parallel cross-entropy.
+``fwd_flops`` and ``io_bytes`` are the sums over those ops.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from typing import Any
 from distsim.core.checks import positive_int
 from distsim.core.errors import ModelFileError
 from distsim.core.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
-from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp, Op
+from distsim.core.models.ops import (
+    ATTENTION_IMPLS,
+    AttentionOp,
+    GemmOp,
+    MemoryOp,
+    Op,
+    attention_op_name,
+    check_attention_impl,
+)
 
 
 def check_dims(dims: Mapping[str, Any], where: str) -> dict[str, int]:
@@ -59,27 +72,47 @@ def _bias_dropout_add(s: int, h: int, e: int) -> MemoryOp:
     return MemoryOp("bias_dropout_add", float(s * h * (3 * e + 1)))
 
 
-def attention_ops(h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True) -> tuple[Op, ...]:
-    """Megatron's attention block as kernels: layer norm, QKV projection (column-parallel), flash attention (heads
-    split), output projection (row-parallel), bias + dropout + residual. A cross-attention block projects Q from the
-    decoder's s tokens and K, V from the encoder's kv_seq positions, unmasked."""
+def attention_ops(
+    h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True, attention: str = "flash"
+) -> tuple[Op, ...]:
+    """Megatron's attention block as kernels: layer norm, QKV projection (column-parallel), the attention core (heads
+    split) run by `attention` (flash, unfused or fused_softmax), output projection (row-parallel), bias + dropout +
+    residual. A cross-attention block projects Q from the decoder's s tokens and K, V from the encoder's kv_seq
+    positions, unmasked."""
+    name = attention_op_name(attention)
     if kv_seq is None:
         projections: tuple[Op, ...] = (GemmOp("qkv", s, 3 * h, h, "n", e),)
-        core = AttentionOp("flash_attention", a, h // a, s, s, causal, e)
+        core = AttentionOp(name, a, h // a, s, s, causal, e, attention)
     else:
         projections = (GemmOp("q", s, h, h, "n", e), GemmOp("kv", kv_seq, 2 * h, h, "n", e))
-        core = AttentionOp("flash_attention", a, h // a, s, kv_seq, False, e)
+        core = AttentionOp(name, a, h // a, s, kv_seq, False, e, attention)
     return (_layernorm(s, h, e), *projections, core, GemmOp("proj", s, h, h, "k", e), _bias_dropout_add(s, h, e))
 
 
-def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = None, causal: bool = True) -> Block:
+def attention_shape_tag(attention: str) -> tuple[tuple[str, int], ...]:
+    """What an attention block's shape (its event key) adds for its kernel: nothing for flash (the keys profiles
+    already hold), ``(impl, 1)`` for a stored-score kernel, e.g. ``attention[h=1024,heads=16,seq=1024,unfused=1]``,
+    so a profile's flash measurement never stands for another kernel."""
+    return () if attention == "flash" else ((attention, 1),)
+
+
+def attention_block(
+    h: int,
+    a: int,
+    s: int,
+    p: Precision,
+    kv_seq: int | None = None,
+    causal: bool = True,
+    attention: str = "flash",
+) -> Block:
     """Self-attention (kv_seq None; causal for a decoder, not for a BERT-style encoder) or cross-attention over
-    kv_seq encoder positions, with its layernorm."""
+    kv_seq encoder positions, with its layernorm; its core run by `attention`."""
     e = p.act_bytes
     if kv_seq is None:
         op, shape = "attention", (("h", h), ("heads", a), ("seq", s))
     else:
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
+    shape += attention_shape_tag(attention)
     # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
     bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
     projections = (
@@ -95,7 +128,7 @@ def attention_block(h: int, a: int, s: int, p: Precision, kv_seq: int | None = N
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(bwd_bytes),
-        ops=attention_ops(h, a, s, e, kv_seq, causal),
+        ops=attention_ops(h, a, s, e, kv_seq, causal, attention),
         # LayerNorm weight and bias, the column-parallel QKV (or Q and KV) weight and bias, the row-parallel output
         # weight (split) and bias (added once after g: whole on every rank), as the torch module registers them
         tensors=((h, False), (h, False), *projections, (h * h, True), (h, False)),
@@ -130,6 +163,11 @@ def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
     )
 
 
+def attention_cores(blocks: tuple[Block, ...] | list[Block]) -> tuple[AttentionOp, ...]:
+    """The attention core ops the blocks run, in order (none for an MLP, a CNN or a block without ops)."""
+    return tuple(op for b in blocks for op in b.ops if isinstance(op, AttentionOp))
+
+
 def transformer_layer(
     name: str,
     h: int,
@@ -140,36 +178,80 @@ def transformer_layer(
     inputs: tuple[str, ...] | None = None,
     cross_kv_seq: int | None = None,
     causal: bool = True,
+    attention: str = "flash",
 ) -> Layer:
-    """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split.
+    """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split, the attention cores
+    run by `attention` (:data:`~distsim.core.models.ops.ATTENTION_IMPLS`).
 
     Activations kept for backward per sequence (Korthikanti et al. 2022, Sec. 4.1 and 4.2.1; 2-byte activations,
-    scaled for others): sh(10 + 24/t + 5as/(ht)) with tensor parallelism t. The 10sh every tp rank keeps (layer-norm
+    scaled for others): sh(10 + 24/t) + C/t with tensor parallelism t, C what the attention cores keep besides Q, K,
+    V and O (:attr:`AttentionOp.saved_bytes`, read from the blocks' ops so that memory follows the kernel the time
+    model runs): with stored scores (``unfused``, ``fused_softmax``) C = 5as^2 (softmax 2as^2, its dropout mask as^2,
+    the dropout output 2as^2; (2e + 1) as^2 at e-byte activations), Korthikanti's sh(10 + 24/t + 5as/(ht)); with
+    flash attention C = 4as, the fp32 log-sum-exp per query row and head. The 10sh every tp rank keeps (layer-norm
     inputs 4sh, the QKV and fc1 inputs 4sh, two dropout masks 2sh) is what sequence parallelism divides by t
-    (Sec. 4.2.2: ``saved_sp_bytes``); of the 24sh + 5as^2 split over t, the attention core 5as^2 (softmax 2as^2, its
-    dropout mask as^2, the dropout output 2as^2) is what selective recomputation drops (Sec. 5: ``saved_core_bytes``).
-    A decoder's cross-attention adds its own: 2sh whole, 11sh + 5as kv split, 5as kv of it the core.
+    (Sec. 4.2.2: ``saved_sp_bytes``); of the 24sh + C split over t, the core C is what selective recomputation drops
+    (Sec. 5: ``saved_core_bytes``; under flash only the statistics, as checkpointing the flash call drops nothing
+    else). A decoder's cross-attention adds its own: 2sh whole, 11sh + its core C (5as kv stored) split.
     """
-    blocks = [attention_block(h, a, s, p, causal=causal)]
+    check_attention_impl(attention, f"layer {name!r}")
+    blocks = [attention_block(h, a, s, p, causal=causal, attention=attention)]
     scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
-    saved, saved_sharded = 10 * s * h * scale, (24 * s * h + 5 * a * s * s) * scale
-    core = 5 * a * s * s * scale
+    saved, saved_sharded = 10 * s * h * scale, 24 * s * h * scale
     if cross_kv_seq is not None:
-        blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq))
+        blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq, attention=attention))
         saved += 2 * s * h * scale
-        saved_sharded += (11 * s * h + 5 * a * s * cross_kv_seq) * scale
-        core += 5 * a * s * cross_kv_seq * scale
+        saved_sharded += 11 * s * h * scale
     blocks.append(mlp_block(h, f, s, p))
+    core = sum(op.saved_bytes for op in attention_cores(blocks))
     return Layer(
         name=name,
         blocks=tuple(blocks),
         out_bytes=float(s * h * p.act_bytes),
         saved_bytes=float(saved),
-        saved_sharded_bytes=float(saved_sharded),
+        saved_sharded_bytes=float(saved_sharded + core),
         saved_core_bytes=float(core),
         saved_sp_bytes=float(saved),
         inputs=inputs,
     )
+
+
+def _block_with_attention(block: Block, impl: str) -> Block:
+    """The block with its attention cores run by `impl` (its shape tag and byte totals following)."""
+    if not any(isinstance(op, AttentionOp) for op in block.ops):
+        return block
+    ops = tuple(op.with_impl(impl) if isinstance(op, AttentionOp) else op for op in block.ops)
+    shape = tuple((k, v) for k, v in block.shape if k not in ATTENTION_IMPLS) + attention_shape_tag(impl)
+    return replace(block, ops=ops, shape=shape, fwd_flops=0.0, io_bytes=0.0)  # totals refilled from the ops
+
+
+def with_attention(model: Model, impl: str) -> Model:
+    """The model with every attention core run by `impl` (:data:`~distsim.core.models.ops.ATTENTION_IMPLS`): the
+    cores' kernels (time), the blocks' event keys, and the layers' kept activations (``saved_sharded_bytes`` and
+    ``saved_core_bytes`` exchange the old cores' :attr:`AttentionOp.saved_bytes` for the new ones'). A model without
+    attention ops (a CNN, a model file's layers), or already running `impl`, is returned unchanged; the name stays
+    (a profile's flash events do not match the new keys). ``with_attention(with_attention(m, x), y)`` is
+    ``with_attention(m, y)``."""
+    check_attention_impl(impl, f"model {model.name}")
+    layers: list[Layer] = []
+    changed = False
+    for layer in model.layers:
+        old = attention_cores(layer.blocks)
+        if all(op.impl == impl for op in old):  # also a layer without attention
+            layers.append(layer)
+            continue
+        blocks = tuple(_block_with_attention(b, impl) for b in layer.blocks)
+        before, after = sum(op.saved_bytes for op in old), sum(op.saved_bytes for op in attention_cores(blocks))
+        layers.append(
+            replace(
+                layer,
+                blocks=blocks,
+                saved_sharded_bytes=layer.saved_sharded_bytes - before + after,
+                saved_core_bytes=max(0.0, layer.saved_core_bytes - before + after),
+            )
+        )
+        changed = True
+    return model.with_layers(tuple(layers)) if changed else model
 
 
 def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) -> tuple[Op, ...]:
@@ -289,6 +371,11 @@ def lm_head_layer(
     )
 
 
+def _impl_note(attention: str) -> str:
+    """What a model's description adds for a non-default attention kernel."""
+    return "" if attention == "flash" else f", {attention} attention"
+
+
 def _tp_constraints(heads: int, h: int, f: int, vocab: int) -> tuple[tuple[str, int], ...]:
     """Megatron splits heads, the hidden and FFN dimensions and the (padded) vocabulary over tp ranks."""
     return (("attention heads", heads), ("hidden size", h), ("ffn hidden size", f), ("padded vocab", vocab))
@@ -306,14 +393,17 @@ def decoder_only(
     precision: Precision = FP16_MIXED,
     description: str = "",
     causal: bool = True,
+    attention: str = "flash",
 ) -> Model:
     """GPT-style (or BERT-style encoder-only, causal=False: bidirectional attention) stack: embedding, N layers,
-    LM head."""
+    LM head; `attention` the kernel of every attention core (flash, unfused, fused_softmax)."""
     check_dims({"layers": layers, "hidden": h, "heads": a, "seq": s, "vocab": vocab, "ffn": f}, f"model {name}")
+    check_attention_impl(attention, f"model {name}")
     f = f or 4 * h
     v = pad_vocab(vocab)
     body = [embedding_layer("embedding", v, h, s, precision)]
-    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal) for i in range(layers)]
+    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal, attention=attention)
+             for i in range(layers)]  # fmt: skip
     body.append(lm_head_layer("lm_head", v, h, s, precision))
     return Model(
         name=name,
@@ -323,7 +413,7 @@ def decoder_only(
         precision=precision,
         pipeline_layers=layers,
         source=source,
-        description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}",
+        description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}{_impl_note(attention)}",
     )
 
 
@@ -339,24 +429,29 @@ def encoder_decoder(
     vocab: int,
     source: str,
     precision: Precision = FP16_MIXED,
+    attention: str = "flash",
 ) -> Model:
-    """T5-style model: the encoder output feeds every decoder layer's cross-attention (a DAG, not a chain)."""
+    """T5-style model: the encoder output feeds every decoder layer's cross-attention (a DAG, not a chain);
+    `attention` the kernel of every attention core."""
     check_dims({"layers": enc_layers, "hidden": h, "heads": a, "ffn": f, "seq": enc_seq, "dec_seq": dec_seq,
                 "vocab": vocab}, f"model {name} (encoder)")  # fmt: skip
     check_dims({"layers": dec_layers}, f"model {name} (decoder)")
+    check_attention_impl(attention, f"model {name}")
     if enc_layers + dec_layers > MAX_LAYERS:
         raise ModelFileError(
             f"model {name}: {enc_layers:,} + {dec_layers:,} layers is above the limit of {MAX_LAYERS:,}"
         )
     v = pad_vocab(vocab)
     body = [embedding_layer("enc_embedding", v, h, enc_seq, precision, positions=False)]
-    body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision, causal=False) for i in range(enc_layers)]
+    body += [transformer_layer(f"enc{i}", h, a, enc_seq, f, precision, causal=False, attention=attention)
+             for i in range(enc_layers)]  # fmt: skip
     enc_out = body[-1].name
     dec_emb = embedding_layer("dec_embedding", v, h, dec_seq, precision, positions=False)
     body.append(replace(dec_emb, tied_to="enc_embedding"))
     prev = "dec_embedding"
     for i in range(dec_layers):
-        layer = transformer_layer(f"dec{i}", h, a, dec_seq, f, precision, inputs=(prev, enc_out), cross_kv_seq=enc_seq)
+        layer = transformer_layer(f"dec{i}", h, a, dec_seq, f, precision, inputs=(prev, enc_out), cross_kv_seq=enc_seq,
+                                  attention=attention)  # fmt: skip
         body.append(layer)
         prev = layer.name
     body.append(lm_head_layer("lm_head", v, h, dec_seq, precision, inputs=(prev,), tied_to="enc_embedding"))
@@ -369,5 +464,6 @@ def encoder_decoder(
         source=source,
         description=(
             f"{enc_layers}+{dec_layers} layers, h={h}, heads={a}, ffn={f}, enc seq={enc_seq}, dec seq={dec_seq}"
+            f"{_impl_note(attention)}"
         ),
     )

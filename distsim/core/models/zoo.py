@@ -1,7 +1,8 @@
 """Built-in workloads, each citing the source of its dimensions.
 
 A model is named by a *spec*: a zoo name, optionally with size overrides, e.g. ``gpt2-345m:seq=128,layers=4`` or
-``resnet50:image=64,precision=fp32``. The canonical spec (overrides sorted) becomes the model's name, so profiles
+``resnet50:image=64,precision=fp32``; a transformer also takes ``attention=flash|unfused|fused_softmax``, the kernel
+of its attention cores (default flash). The canonical spec (overrides sorted) becomes the model's name, so profiles
 and traces record exactly which model they describe.
 """
 
@@ -15,11 +16,12 @@ from typing import Any
 from distsim.core.errors import ModelFileError, UnknownNameError, suggest
 from distsim.core.models.cnn import inception_v3, resnet50, vgg16, vgg19
 from distsim.core.models.graph import PRECISIONS, Model
+from distsim.core.models.ops import check_attention_impl
 from distsim.core.models.transformer import decoder_only, encoder_decoder
 
 GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
-_DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision")
-_T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision")
+_DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision", "attention")
+_T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision", "attention")
 _CNN_KEYS = ("image", "classes", "precision")
 
 
@@ -42,6 +44,7 @@ def _decoder(
         return decoder_only(
             name, kw.get("layers", layers), kw.get("hidden", h), kw.get("heads", heads), kw.get("seq", seq),
             kw.get("vocab", vocab), source=source, f=kw.get("ffn"), precision=precision, causal=causal,
+            attention=kw.get("attention", "flash"),
         )  # fmt: skip
 
     return ZooEntry(build, "transformer", _DECODER_KEYS)
@@ -54,7 +57,7 @@ def _t5(**kw: Any) -> Model:
         kw.get("dec_seq", 128), kw.get("vocab", 32128),
         source="Raffel et al. 2020, T5-base (d_model 768, d_ff 3072, 12 heads, 12+12 layers); "
         "Megatron-LM T5 sequence lengths 512/128",
-        precision=kw.get("precision", PRECISIONS["fp16-mixed"]),
+        precision=kw.get("precision", PRECISIONS["fp16-mixed"]), attention=kw.get("attention", "flash"),
     )  # fmt: skip
 
 
@@ -109,7 +112,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def get_model(spec: str) -> Model:
-    """A zoo model by name, with optional size overrides (``gpt2-345m:seq=128,layers=4,precision=fp32``)."""
+    """A zoo model by name, with optional size overrides (``gpt2-345m:seq=128,layers=4,precision=fp32``) and, for a
+    transformer, its attention kernel (``gpt2-345m:attention=unfused``)."""
     name, raw = parse_spec(spec)
     alias = None
     if name in ALIASES:
@@ -127,6 +131,8 @@ def get_model(spec: str) -> Model:
             if value not in PRECISIONS:
                 raise ModelFileError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
             kw[key] = PRECISIONS[value]
+        elif key == "attention":
+            kw[key] = check_attention_impl(value, f"model {name}")
         else:
             try:
                 kw[key] = int(value)
