@@ -5,6 +5,10 @@
 2. Engine throughput with symmetry switched off (every GPU simulated): tasks and per-GPU events per second of the
    engine alone (the longest-path pass, and the SimPy simulation it is checked against), and of the whole simulate()
    call. Target: at least 300,000 events/s.
+3. Fair link sharing (``--link-sharing fair``, issue 21): the same two flows built in that mode (every inter-node
+   transfer a network task sharing its nodes' NICs in time), simulate() of the symmetric one, and on the flow with
+   every GPU simulated the shared engine (SimPy, :func:`distsim.sim.network.run_shared`) against the longest path of
+   the same flow (which ignores the sharing).
 
 Run: python benchmarks/bench_engine.py [--repeats 5]
 Each figure is the median over the repeats, measured with time.perf_counter on this machine.
@@ -19,7 +23,7 @@ import time
 from machine import describe
 
 from distsim import FlowOptions, Strategy, get_cluster, get_model, simulate
-from distsim.sim import engine
+from distsim.sim import engine, network
 from distsim.sim.costs import AnalyticCosts
 from distsim.sim.flow.uniform import build_flow
 
@@ -73,6 +77,32 @@ def main() -> None:
     )
     print(f"  SimPy reference      {t_simpy:.3f} s: {len(flow) / t_simpy:,.0f} tasks/s, {rows / t_simpy:,.0f} events/s")
     print(f"  whole simulate()     {t_full:.3f} s: {rows / t_full:,.0f} events/s including flow build and timeline")
+
+    fair = FlowOptions(link_sharing="fair")
+    r_fair = simulate(model, cluster, strategy, options=fair)
+    t_fair = median_time(lambda: simulate(model, cluster, strategy, options=fair), args.repeats)
+    print("\nFair link sharing (--link-sharing fair)")
+    print(
+        f"  M=64, symmetric={r_fair.flow.symmetric}: {len(r_fair.flow):,} tasks, {len(r_fair.flow.network):,} network"
+    )
+    print(f"  predicted iteration  {r_fair.iteration_time_s:.3f} s (structural {r.iteration_time_s:.3f} s)")
+    print(f"  simulate()           {t_fair:.3f} s (structural {t_sim:.3f} s)")
+    fair_full = FlowOptions(symmetric=False, link_sharing="fair")
+    flow = build_flow(model, cluster, full_strategy, AnalyticCosts(cluster), fair_full)
+    rows = sum(len(x) for x in flow.slots)
+    shared = network.run_flow(flow)
+    t_lp = median_time(lambda: engine.run(flow.duration_s, flow.deps, flow.releases), args.repeats)
+    t_shared = median_time(lambda: network.run_flow(flow), args.repeats)
+    alone = engine.run(flow.duration_s, flow.deps, flow.releases).makespan_s
+    print(
+        f"  M=8, symmetry off:   {len(flow):,} tasks ({rows:,} per-GPU events), {len(flow.network):,} network, "
+        f"{len(getattr(shared, 'slowed', ())):,} slowed by sharing"
+    )
+    print(f"  longest path         {t_lp:.3f} s: {rows / t_lp:,.0f} events/s (ignores sharing: {alone:.3f} s)")
+    print(
+        f"  shared engine        {t_shared:.3f} s: {rows / t_shared:,.0f} events/s ({shared.makespan_s:.3f} s), "
+        f"{t_shared / t_lp:.1f} x the longest path"
+    )
 
 
 if __name__ == "__main__":

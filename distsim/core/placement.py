@@ -4,13 +4,15 @@ Ranks are laid out with tensor parallelism innermost, then data, then pipeline (
 ``order`` is given. ``grid[stage, replica, tp_rank]`` is the GPU of that coordinate. Communication *patterns* (the
 tp groups of a stage, the dp groups of a stage, the p2p pairs between two stages) are the sets of symmetric
 instances that run at the same time; for each instance the placement reports its scope (intra/inter node) and how many
-instances share a node's NICs at once.
+instances share a node's NICs at once. Each instance also keeps its :class:`Pattern` (the instances running beside
+it), from which fair link sharing reads how the pattern loads each node's NICs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -31,6 +33,100 @@ class CommInstance:
     """``intra`` if every GPU is on one node, else ``inter``."""
     sharers: int
     """Instances of the same pattern leaving the busiest node this instance touches at the same time (>= 1)."""
+    pattern: Pattern | None = field(default=None, compare=False, repr=False)
+    """All instances of the pattern, this one among them (None: not known); not part of the instance's value."""
+
+    def nodes(self, gpus_per_node: int) -> tuple[int, ...]:
+        """The nodes its GPUs are on, in order of first appearance."""
+        return tuple(dict.fromkeys(g // gpus_per_node for g in self.gpus))
+
+
+Load = tuple[tuple[int, int], ...]
+"""(node, instances) pairs, sorted by node: how many instances of a pattern use a node's NICs in one direction."""
+
+
+@dataclass(frozen=True, eq=False)
+class Pattern:
+    """The instances of one communication pattern that run at the same time (the groups or pairs that
+    :func:`group_instances` or :func:`pair_instances` placed) and how they load the nodes' NICs, per direction.
+
+    A collective (a ring or tree across nodes) sends and receives through the NICs of every node it spans, once per
+    instance however many of its GPUs a node holds; a transfer (sender, receiver) sends through the sender's node's
+    NICs and receives through the receiver's. Instances inside one node use no NIC."""
+
+    groups: tuple[tuple[int, ...], ...]
+    gpus_per_node: int
+
+    @cached_property
+    def collective_load(self) -> tuple[Load, Load]:
+        """(sending, receiving) load of the groups run as collectives: per node, the groups spanning nodes that
+        touch it (the same both ways)."""
+        gpn = self.gpus_per_node
+        load: Counter[int] = Counter()
+        for group in self.groups:
+            nodes = {g // gpn for g in group}
+            if len(nodes) > 1:
+                load.update(nodes)
+        out = tuple(sorted(load.items()))
+        return out, out
+
+    @cached_property
+    def transfer_load(self) -> tuple[Load, Load]:
+        """(sending, receiving) load of the groups run as transfers from their first GPU to their last: per node,
+        the transfers crossing nodes that leave it, and those that enter it."""
+        gpn = self.gpus_per_node
+        sends: Counter[int] = Counter()
+        receives: Counter[int] = Counter()
+        for group in self.groups:
+            a, b = group[0] // gpn, group[-1] // gpn
+            if a != b:
+                sends[a] += 1
+                receives[b] += 1
+        return tuple(sorted(sends.items())), tuple(sorted(receives.items()))
+
+    def resources(self, transfer: bool) -> list[tuple[int, ...]]:
+        """The NIC resources each instance crossing nodes uses (``2 n``: node n's NICs sending, ``2 n + 1``:
+        receiving), run as transfers or as collectives."""
+        gpn = self.gpus_per_node
+        out = []
+        for group in self.groups:
+            if transfer:
+                a, b = group[0] // gpn, group[-1] // gpn
+                if a != b:
+                    out.append((2 * a, 2 * b + 1))
+            else:
+                nodes = sorted({g // gpn for g in group})
+                if len(nodes) > 1:
+                    out.append(tuple(2 * n + d for n in nodes for d in (0, 1)))
+        return out
+
+
+def shares_evenly(usages: Iterable[tuple[Pattern, bool]]) -> bool:
+    """Whether every instance of each pattern sees the same NIC loads, so that one simulated instance can stand for
+    all of them under fair link sharing. `usages`: the patterns a flow runs, each as transfers (True) or as
+    collectives. Every NIC resource has a load vector (how many instances of each usage use it); the instances of a
+    usage must each see the same multiset of load vectors on their resources. Then, whichever tasks are running,
+    every instance's least share is the same, and is the least share over all the resources the pattern uses
+    (what a symmetric simulation computes). Usages that never run at the same time are compared too (a sufficient
+    condition, not a necessary one)."""
+    uses = list(usages)
+    by_resource: dict[int, list[tuple[int, int]]] = {}
+    for k, (pattern, transfer) in enumerate(uses):
+        tx, rx = pattern.transfer_load if transfer else pattern.collective_load
+        for n, copies in tx:
+            by_resource.setdefault(2 * n, []).append((k, copies))
+        for n, copies in rx:
+            by_resource.setdefault(2 * n + 1, []).append((k, copies))
+    vectors = {r: tuple(v) for r, v in by_resource.items()}
+    for pattern, transfer in uses:
+        seen = None
+        for resources in pattern.resources(transfer):
+            signature = sorted(vectors[r] for r in resources)
+            if seen is None:
+                seen = signature
+            elif signature != seen:
+                return False
+    return True
 
 
 def parse_order(order: str) -> tuple[str, str, str]:
@@ -95,6 +191,28 @@ class Placement:
         pairs = [(int(a), int(b)) for a, b in zip(src, dst, strict=True)]
         return pair_instances(pairs, self.cluster.gpus_per_node)
 
+    def shares_evenly(self, collective_pairs: Sequence[tuple[int, int]] = ()) -> bool:
+        """:func:`shares_evenly` over every pattern a uniform flow runs: each stage's tp and dp groups (collectives),
+        the transfers to the next and previous stage, and the pairs of stages in `collective_pairs` (whose copies
+        of tied layers are all-reduced: collectives over pairs)."""
+        pp = self.strategy.pp
+        usages = []
+        for r in range(pp):
+            for groups in (self.tp_groups(r), self.dp_groups(r)):
+                usages.append((_pattern(groups), False))
+            if pp > 1:
+                for dst in sorted({(r + 1) % pp, (r - 1) % pp}):
+                    usages.append((_pattern(self.p2p_pairs(r, dst)), True))
+        for a, b in collective_pairs:
+            usages.append((_pattern(self.p2p_pairs(a, b)), False))
+        return shares_evenly(usages)
+
+
+def _pattern(instances: list[CommInstance]) -> Pattern:
+    pattern = instances[0].pattern
+    assert pattern is not None
+    return pattern
+
 
 def group_instances(groups: list[tuple[int, ...]], gpus_per_node: int) -> list[CommInstance]:
     """Collectives over `groups` running at once: a group spanning nodes shares each of its nodes' NICs with every
@@ -104,12 +222,13 @@ def group_instances(groups: list[tuple[int, ...]], gpus_per_node: int) -> list[C
     for ns in nodes_of:
         if len(ns) > 1:
             load.update(ns)
+    pattern = Pattern(tuple(groups), gpus_per_node)
     out = []
     for group, ns in zip(groups, nodes_of, strict=True):
         if len(ns) > 1:
-            out.append(CommInstance(group, "inter", max(load[n] for n in ns)))
+            out.append(CommInstance(group, "inter", max(load[n] for n in ns), pattern))
         else:
-            out.append(CommInstance(group, "intra", 1))
+            out.append(CommInstance(group, "intra", 1, pattern))
     return out
 
 
@@ -120,10 +239,11 @@ def pair_instances(pairs: list[tuple[int, int]], gpus_per_node: int) -> list[Com
     crossing = [(a, b) for a, b in pairs if a // gpn != b // gpn]
     out_load = Counter(a // gpn for a, _ in crossing)
     in_load = Counter(b // gpn for _, b in crossing)
+    pattern = Pattern(tuple(pairs), gpn)
     out = []
     for a, b in pairs:
         if a // gpn != b // gpn:
-            out.append(CommInstance((a, b), "inter", max(out_load[a // gpn], in_load[b // gpn])))
+            out.append(CommInstance((a, b), "inter", max(out_load[a // gpn], in_load[b // gpn]), pattern))
         else:
-            out.append(CommInstance((a, b), "intra", 1))
+            out.append(CommInstance((a, b), "intra", 1, pattern))
     return out

@@ -20,7 +20,7 @@ from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.plan import Plan
 from distsim.plans.result import SimResult
 from distsim.plans.uniform import plan_from_strategy
-from distsim.sim import engine
+from distsim.sim import engine, network
 from distsim.sim.costs import AnalyticCosts, CostSource
 from distsim.sim.flow.events import EventFlow, FlowOptions
 
@@ -121,7 +121,7 @@ def simulate(
         if samples > 0:
             result, sampled = _stochastic(flow, samples, seed, progress)
         else:
-            result = engine.run(flow.duration_s, flow.deps, flow.releases)
+            result = network.run_flow(flow)  # fair link sharing: NICs shared in time (SimPy); else the longest path
     memory = kind.memory(model, cluster, plan, flow)
     elapsed = time.perf_counter() - t0
     strategy = plan.strategy if plan.kind == "uniform" else flow.strategy
@@ -149,7 +149,7 @@ def _stochastic(
         durations = base.copy()
         for tasks, relative in draws:
             durations[tasks] *= relative[rng.integers(len(relative), size=len(tasks))]
-        run = engine.run(durations.tolist(), flow.deps, flow.releases)
+        run = network.run_flow(flow, durations.tolist())
         start_sum += run.start_s
         end_sum += run.end_s
         makespans.append(run.makespan_s)

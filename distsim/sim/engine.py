@@ -9,8 +9,10 @@ topological order (task id order, in which every builder adds them; any other or
 
 :func:`run_simpy` executes the same flow as a SimPy discrete-event simulation: one SimPy event per task finish with a
 shared callback. It is the reference the pass is tested against (equal to the last bit: both add each duration to
-the latest of the same finish times), and the engine to extend if a resource is ever shared without a fixed order.
-The pass is about ten times faster (``benchmarks/bench_engine.py`` times both).
+the latest of the same finish times). The pass is about ten times faster (``benchmarks/bench_engine.py`` times both).
+Where a resource is shared without a fixed order (fair link sharing: inter-node transfers share the nodes' NICs while
+they overlap) durations depend on the timeline and no single pass can give them: :func:`distsim.sim.network.run_shared`
+extends the SimPy simulation with those shared resources, and equals :func:`run` where nothing is shared.
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
 """Placing communication in an event flow: streams and link queues, p2p transfers, data-parallel collectives
 (gradient all-reduces or reduce-scatters, ZeRO's parameter all-gathers) with their overlap shadows, and the optimizer
 step after them. Both flow builders (:mod:`distsim.sim.flow.uniform` and :mod:`distsim.plans.stages_flow`) emit
-through it."""
+through it. With fair link sharing every transfer and collective that crosses nodes is costed alone and recorded as a
+network task (:meth:`CommWriter.network_task`), whose NIC shares the engine decides (:mod:`distsim.sim.network`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from distsim.core.cluster import Cluster
+from distsim.core.collectives import collective_s, ring_steps, tree_steps
 from distsim.core.models.graph import Model
 from distsim.core.placement import CommInstance
 from distsim.core.strategy import Strategy
 from distsim.core.sync import SHARDINGS, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
-from distsim.sim.costs import CommEvent, ComputeEvent, CostSource, optimizer_key
+from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent, CostSource, optimizer_key
 from distsim.sim.flow.events import (
     K_DP,
     K_LAUNCH,
@@ -30,6 +32,7 @@ from distsim.sim.flow.events import (
     FlowOptions,
     StageOp,
 )
+from distsim.sim.network import NetUse
 
 
 class CommWriter:
@@ -38,6 +41,9 @@ class CommWriter:
     def __init__(self, flow: EventFlow, costs: CostSource, options: FlowOptions):
         self.flow, self.costs, self.options = flow, costs, options
         self.serialize = options.link_sharing == "serialize"
+        self.fair = options.link_sharing == "fair"
+        """Inter-node communication costed alone and recorded as network tasks (:meth:`network_task`)."""
+        self._net: dict[tuple, NetUse] = {}
         self.host = models_host(options, flow.model, flow.cluster, flow.strategy, costs)
         """Model each simulated GPU's host enqueuing its kernels (see :meth:`launch`)."""
         self.speed = {g: flow.cluster.speed_factor(g) for g in flow.represents}
@@ -51,6 +57,42 @@ class CommWriter:
         if self.serialize:
             stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
         return tuple((g, stream) for g in gpus)
+
+    def sharers(self, inst: CommInstance) -> int:
+        """The NIC sharers its cost assumes: the structural count, or 1 with fair sharing (the engine shares)."""
+        return 1 if self.fair else inst.sharers
+
+    def network_task(self, tid: int, inst: CommInstance, ev: CommEvent, alone_s: float) -> None:
+        """Fair link sharing: record task `tid` (instance `inst` of event `ev`, costing `alone_s` alone; its
+        duration may be longer by measured interference) as a network task if it crosses nodes: the NICs it sends
+        and receives through (in a symmetric flow those of every instance of its pattern, which it stands for), its
+        latency part (stretched with its duration), its bytes on the wire and the rates one copy can get."""
+        if not self.fair or inst.scope != "inter":
+            return
+        flow = self.flow
+        cluster = flow.cluster
+        transfer = ev.collective == "p2p"
+        dur = flow.duration_s[tid]
+        gpn = cluster.gpus_per_node
+        pattern = inst.pattern if flow.symmetric else None
+        if pattern is not None:
+            tx, rx = pattern.transfer_load if transfer else pattern.collective_load
+            usage = tuple(sorted([(2 * n, k) for n, k in tx] + [(2 * n + 1, k) for n, k in rx]))
+        elif transfer:
+            usage = tuple(sorted(((2 * (inst.gpus[0] // gpn), 1), (2 * (inst.gpus[-1] // gpn) + 1, 1))))
+        else:
+            usage = tuple(sorted((2 * n + d, 1) for n in inst.nodes(gpn) for d in (0, 1)))
+        known = (usage, ev, alone_s, dur)
+        use = self._net.get(known)
+        if use is None:
+            nic = cluster.inter.bandwidth_bytes_per_s
+            rate = cluster.inter_flow_bandwidth(1) if transfer else cluster.inter_collective_bandwidth(1)
+            cap = nic if transfer else max(nic, cluster.intra.bandwidth_bytes_per_s)
+            latency = latency_part(self.costs, cluster, ev, alone_s)
+            if alone_s > 0:
+                latency = min(dur, latency * dur / alone_s)
+            use = self._net[known] = NetUse(usage, latency, (dur - latency) * rate, rate, cap)
+        flow.network[tid] = use
 
     def overlapped(self, dur: float, scope: str) -> tuple[float, float]:
         """(duration, shadow) of a transfer that overlaps compute, from the measured interference of its scope."""
@@ -69,22 +111,25 @@ class CommWriter:
     def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int) -> int:
         """One activation or gradient transfer between two GPUs after the sender's task `dep`; returns its task."""
         flow = self.flow
-        known = (nbytes, inst.scope, inst.sharers)
+        sharers = self.sharers(inst)
+        known = (nbytes, inst.scope, sharers)
         priced = self._p2p.get(known)
         if priced is None:
-            ev = CommEvent("p2p", nbytes, 2, inst.scope, inst.sharers)
+            ev = CommEvent("p2p", nbytes, 2, inst.scope, sharers)
             cost = self.costs.comm(ev)
             dur, shadow = cost.seconds, 0.0
             if not self.options.p2p_blocking:
                 dur, shadow = self.overlapped(cost.seconds, inst.scope)
-            priced = self._p2p[known] = (flow.intern(ev.key, cost, "p2p"), dur, shadow)
-        key, dur, shadow = priced
+            priced = self._p2p[known] = (flow.intern(ev.key, cost, "p2p"), dur, shadow, ev, cost.seconds)
+        key, dur, shadow, ev, alone_s = priced
         src = inst.gpus[0]
         # with serialize the transfer holds the link at both ends
         slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else ((src, S_P2P),)
         if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
             slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
         tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        if self.fair:
+            self.network_task(tid, inst, ev, alone_s)
         self.shadow(shadow, (src,), [dep], src_vs, mb, key)
         return tid
 
@@ -100,7 +145,7 @@ class CommWriter:
         is in flight. Gradients go on the ``dp`` stream (the optimizer step waits for the last of them), parameter
         all-gathers on the ``gather`` stream (FSDP runs them beside the reduce-scatters)."""
         flow = self.flow
-        ev = CommEvent(collective, nbytes, len(inst.gpus), inst.scope, inst.sharers)
+        ev = CommEvent(collective, nbytes, len(inst.gpus), inst.scope, self.sharers(inst))
         cost = self.costs.comm(ev)
         key = flow.intern(ev.key, cost, "dp_" + collective.replace("_", ""))
         members = tuple(g for g in inst.gpus if g in self.speed)
@@ -109,6 +154,8 @@ class CommWriter:
             dur, shadow = self.overlapped(cost.seconds, inst.scope)
         slots = self.comm_slots(S_DP if gradients else S_GATHER, inst.scope, members)
         tid = flow.add(dur, slots, K_DP, name, layer, stage, mb, key, list(deps))
+        if self.fair:
+            self.network_task(tid, inst, ev, cost.seconds)
         self.shadow(shadow, members, list(deps), stage, mb, key)
         if gradients:
             self.last_dp.update(dict.fromkeys(members, tid))
@@ -242,6 +289,34 @@ def gather_name(bucket_name: str) -> str:
     """The name of a ZeRO-1/2 bucket's parameter all-gather, from its gradient bucket's (``grads X`` ->
     ``params X``), as the simulator and the executor name it."""
     return "params" + bucket_name.removeprefix("grads")
+
+
+def latency_part(costs: CostSource, cluster: Cluster, ev: CommEvent, seconds: float) -> float:
+    """The fixed part of a communication event's cost `seconds` (its per-step latencies), which sharing a NIC does
+    not stretch: the alpha of a profile's alpha-beta fit of the collective where the cost source has one (as
+    :class:`~distsim.sim.costs.ProfileCosts` scales a shared measurement), none for another measured cost; for an
+    analytic cost, the steps of the algorithm it runs (ring or tree: :mod:`distsim.core.collectives`) times the
+    link's latency. At most `seconds`."""
+    analytic = costs if isinstance(costs, AnalyticCosts) else getattr(costs, "fallback", None)
+    db = getattr(costs, "db", None)
+    if db is not None:
+        fit = db.fit(ev.collective, ev.scope, ev.group_size)
+        if fit is not None:
+            return min(seconds, max(0.0, fit.alpha_s))
+        if costs.comm(ev).source != "analytic":
+            return 0.0
+    if not isinstance(analytic, AnalyticCosts):
+        return 0.0
+    link = cluster.intra if ev.scope == "intra" else cluster.inter
+    if ev.collective == "p2p":
+        steps = 1
+    else:
+        inter = cluster.inter_collective_bandwidth(ev.sharers)
+        bandwidth = cluster.intra.bandwidth_bytes_per_s if ev.scope == "intra" else inter
+        algorithm = analytic.allreduce if ev.scope == "inter" else "ring"
+        _, run = collective_s(ev.collective, ev.group_size, ev.nbytes, link.latency_s, bandwidth, algorithm)
+        steps = ring_steps(ev.collective, ev.group_size) if run == "ring" else tree_steps(ev.group_size)
+    return min(seconds, steps * link.latency_s)
 
 
 def models_host(options: FlowOptions, model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource) -> bool:

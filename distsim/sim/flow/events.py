@@ -24,8 +24,14 @@ task: the flow cannot deadlock, and with fixed orders the iteration time is a ma
 links only as the cost model says (k symmetric flows leaving a node at once split its NICs); traffic of different
 kinds overlaps freely, an optimistic bound. ``serialize``: all communication of one scope on a GPU (a p2p transfer on
 both its ends) goes through one in-order queue per link class, ``link:intra`` and ``link:inter``, in emission order:
-p2p and collective traffic take turns on the link, a pessimistic bound. First-come arbitration is deliberately not
-offered: it admits Graham-type anomalies where faster compute slows the iteration.
+p2p and collective traffic take turns on the link, a pessimistic bound. ``fair``: every communication task that
+crosses nodes, of any pattern, is costed as if alone and recorded as a *network task* (:attr:`EventFlow.network`: the
+nodes whose NICs it sends and receives through, its bytes on the wire, its latency part); the engine
+(:func:`distsim.sim.network.run_shared`) divides each node's NICs equally among the network tasks using them at each
+moment (processor sharing), so transfers slow each other while, and only while, they overlap. Intra-node links stay
+as the cost model prices them. First-come arbitration is deliberately not offered: it admits Graham-type anomalies
+where faster compute slows the iteration; processor sharing admits them too (a transfer that starts earlier can
+overlap a critical one), so ``fair`` is not guaranteed monotone.
 
 **Overlap interference.** Communication that overlaps compute on the same GPU is not free: on CPUs the rank's
 cores run the TCP stack and the reductions, on GPUs NCCL kernels take SMs. A profile measures, per scope, how much
@@ -36,7 +42,10 @@ is running it is delayed by that share, where the stream idles it costs nothing.
 
 **Symmetry.** Replicas and tensor-parallel peers of a pipeline rank do identical work when their GPUs are equally
 fast and every instance of each communication has the same scope and NIC sharing. Then one GPU per pipeline rank is
-simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated.
+simulated and stands for the tp x dp GPUs of that rank; otherwise every GPU is simulated. With ``fair`` sharing a
+simulated network task also stands for the identical instances of its pattern beside it (each node's NICs carry
+them all: :attr:`distsim.sim.network.NetUse.usage` counts them), which is exact when every instance sees the same
+load (:func:`distsim.core.placement.shares_evenly`); where that does not hold every GPU is simulated.
 
 This module holds the flow's types; :mod:`distsim.sim.flow.templates` builds the tensor-parallel level (stage
 templates),
@@ -59,6 +68,7 @@ from distsim.core.placement import Placement
 from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource
+from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
 KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch",
@@ -67,7 +77,7 @@ COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer", "recompute"})
 S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST, S_GATHER = range(8)
 """S_GATHER: the parameter all-gathers of a sharded optimizer (ZeRO), on a stream of their own as FSDP runs them
 beside the gradient reduce-scatters."""
-LINK_SHARING = ("structural", "serialize")
+LINK_SHARING = ("structural", "serialize", "fair")
 K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH, K_RECOMPUTE = range(9)
 """K_TP: a collective over the tensor-parallel group (an all-reduce; a reduce-scatter or all-gather with sequence
 parallelism); K_DP: one over the data-parallel group (a gradient all-reduce or reduce-scatter, a tied copies'
@@ -87,7 +97,8 @@ class FlowOptions:
     rank_order: str = "tp,dp,pp"
     """Rank placement, innermost dimension first (Megatron-LM: tensor, then data, then pipeline)."""
     link_sharing: str = "structural"
-    """``structural``: traffic kinds overlap, NIC shares from the structure; ``serialize``: one queue per link."""
+    """``structural``: traffic kinds overlap, NIC shares from the structure; ``serialize``: one queue per link;
+    ``fair``: inter-node traffic of any kind shares each node's NICs equally while it overlaps (a SimPy engine)."""
     host: bool | None = None
     """Model each GPU's host enqueuing its kernels (a ``host`` stream; a kernel starts no earlier than its launch).
     None: when kernels cost host time to launch (the cluster's GPU has a launch cost, or the profile measured one)."""
@@ -133,6 +144,9 @@ class EventFlow:
     releases: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after the
     host task starts (its kernel is enqueued by then)."""
+    network: dict[int, NetUse] = field(default_factory=dict)
+    """Fair link sharing: network task -> how it uses the nodes' NICs; its duration is its cost alone (empty with
+    the other modes: nothing is shared in time)."""
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
 

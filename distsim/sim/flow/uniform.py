@@ -11,6 +11,7 @@ all-gathers each layer's parameters before using them (:func:`distsim.sim.flow.c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import accumulate
 
 from distsim.core.cluster import Cluster
@@ -68,7 +69,7 @@ def build_flow(
 ) -> EventFlow:
     """The full event DAG of one iteration of `strategy` on `cluster`."""
     options = options or FlowOptions()
-    placement, symmetric = _placement(model, cluster, strategy, options)
+    placement, symmetric = _placement(model, cluster, strategy, options, costs)
     schedule = build_schedule(strategy)
     stage_ranges = resolve_partition(model, strategy, costs)
     grid = placement.grid
@@ -86,16 +87,31 @@ def build_flow(
     return flow
 
 
-def _placement(model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions) -> tuple[Placement, bool]:
+def _placement(
+    model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions, costs: CostSource
+) -> tuple[Placement, bool]:
     """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
     check_strategy(strategy, model, cluster)
     placement = Placement(strategy, cluster, parse_order(options.rank_order))
     symmetric = _symmetry_holds(placement, strategy, cluster)
+    if symmetric and options.link_sharing == "fair":  # one instance per pattern stands for the NIC load of all
+        symmetric = placement.shares_evenly(_tied_pairs(model, strategy, costs))
     if options.symmetric is True and not symmetric:
         from distsim.core.errors import StrategyError
 
         raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
     return placement, symmetric and options.symmetric is not False
+
+
+def _tied_pairs(model: Model, strategy: Strategy, costs: CostSource) -> list[tuple[int, int]]:
+    """(pipeline rank of a tied layer's original, rank of its copy) for the tied layers on different ranks (whose
+    gradients :meth:`_Builder.tied_allreduce` all-reduces)."""
+    if strategy.pp == 1 or not any(layer.tied_to is not None for layer in model.layers):
+        return []
+    stage_ranges = resolve_partition(model, strategy, costs)
+    rank_of = {i: r for r in range(strategy.pp) for i in rank_layers(stage_ranges, strategy.pp, r)}
+    return sorted({(rank_of[model.index[layer.tied_to]], rank_of[i]) for i, layer in enumerate(model.layers)
+                   if layer.tied_to is not None} - {(r, r) for r in range(strategy.pp)})  # fmt: skip
 
 
 def overlap_shadows(costs: CostSource) -> int:
@@ -109,7 +125,7 @@ def estimate_tasks(
     """How many tasks :func:`build_flow` would emit, counted from the strategy and the model in O(layers) without
     building anything: exact, or slightly above when some all-reduce moves no bytes (it is then left out)."""
     options = options or FlowOptions()
-    placement, symmetric = _placement(model, cluster, strategy, options)
+    placement, symmetric = _placement(model, cluster, strategy, options, costs)
     dl, tl = (1, 1) if symmetric else (strategy.dp, strategy.tp)
     shadows = overlap_shadows(costs)
     blocks = [b for layer in model.layers for b in layer.blocks]
@@ -162,7 +178,7 @@ def merge_groups(
     if not isinstance(mode, MgWfbp):
         raise ValueError(f"grad_sync {strategy.grad_sync} makes no merge plan")
     options = options or FlowOptions()
-    placement, symmetric = _placement(model, cluster, strategy, options)
+    placement, symmetric = _placement(model, cluster, strategy, options, costs)
     flow = EventFlow(model, cluster, strategy, build_schedule(strategy), placement,
                      resolve_partition(model, strategy, costs), symmetric, {})  # fmt: skip
     builder = _Builder(flow, costs, options, [0], [0])
@@ -226,10 +242,22 @@ class _Builder(CommWriter):
         key = (vs, d if not self.flow.symmetric else 0)
         tpl = self.templates.get(key)
         if tpl is None:
-            r = vs % self.pp
-            inst = self.placement.tp_groups(r)[d] if self.tp > 1 else None
+            inst = self.tp_instance(vs % self.pp, d)
+            if inst is not None and self.fair:  # costed alone: the engine shares the NICs
+                inst = replace(inst, sharers=1)
             tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst)
         return tpl
+
+    def tp_instance(self, r: int, d: int) -> CommInstance | None:
+        """The tp group of replica d of pipeline rank r (None without tensor parallelism)."""
+        return self.placement.tp_groups(r)[d] if self.tp > 1 else None
+
+    def tp_network(self, tid: int, op: StageOp, r: int, d: int) -> None:
+        """Fair link sharing: record a tensor-parallel collective that crosses nodes as a network task."""
+        if op.kind == K_TP and op.comm is not None and op.comm.scope == "inter":
+            inst = self.tp_instance(r, d)
+            assert inst is not None
+            self.network_task(tid, inst, op.comm, op.dur)
 
     def run(self) -> None:
         sched = self.flow.schedule
@@ -299,6 +327,8 @@ class _Builder(CommWriter):
                     deps += [params[t] for t in self.lanes_t if t in params]
                     tid = flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, tuple(gpus)), K_TP, op.name, op.layer,
                                    a.stage, a.microbatch, op.key, deps)  # fmt: skip
+                    if self.fair:
+                        self.tp_network(tid, op, r, lanes[lane][0])
                     for j, g in enumerate(gpus):
                         if hosts and self._constrained(ops, idx, g, cuts):
                             flow.release(hosts[lane][j], tid, launch_ends[idx])
@@ -376,11 +406,17 @@ class _Builder(CommWriter):
                                f"launch {a}")  # fmt: skip
         last = -1
         first = frontier + self._loss(a, d, t)
+        ops = self.template(a.stage, d)[a.op] if self.fair else []
+        done = 0  # ops emitted so far
         for chain, layer in chains:
             anchor = (host, offset) if host is not None else None
             last = self.flow.add_chain(chain, first if last < 0 else [last], a.stage, a.microbatch, anchor,
                                        self.options.exact_host)  # fmt: skip
             offset += chain.launch_s
+            n = len(chain.durations)
+            for i in range(n) if self.fair else ():
+                self.tp_network(last - n + 1 + i, ops[done + i], r, d)
+            done += n
             if layer is not None:
                 for bucket in self.sync[r].by_layer[layer]:
                     self.grad_allreduce(r, a.stage, {t: [last]}, bucket)

@@ -1,0 +1,245 @@
+"""Shared network resources in time: inter-node transfers share each node's NICs while, and only while, they overlap.
+
+With fair link sharing (``FlowOptions.link_sharing = "fair"``) the flow records, for every communication task that
+crosses nodes, a :class:`NetUse`: the NIC sets it sends and receives through (resource ``2 n`` is node n's NICs
+sending, ``2 n + 1`` receiving; full duplex, so the two directions do not compete), its bytes on the wire at each
+(what its algorithm moves per rank: 2(n-1)/n B for a ring all-reduce of B bytes over n ranks, B for a transfer), a
+fixed latency part, and the rate it gets alone. Its duration in the flow is its cost alone.
+
+:func:`run_shared` executes the flow as a SimPy discrete-event simulation in which those tasks are *flows on shared
+resources* (processor sharing). Each node's NICs in each direction carry ``capacity`` bytes/s (NICs per node x one
+NIC's bandwidth), divided equally among the network tasks using them at that moment; a task moves its bytes at the
+least of its resources' shares, and never faster than one flow can go (one NIC for a transfer; a collective, striped
+over all of a node's NICs, no faster than the intra-node link can feed them). Rates are recomputed whenever a
+network task starts or finishes its bytes; a task ends when its bytes are done plus its latency part. With k tasks
+overlapping for their whole lives this gives each the cost the ``structural`` mode gives k symmetric sharers
+(:meth:`distsim.core.cluster.Cluster.inter_collective_bandwidth`, ``inter_flow_bandwidth``), and a task alone
+throughout takes exactly its duration (``start + duration``, to the last bit, as :func:`distsim.sim.engine.run`). Every
+other task (compute, intra-node communication, host launches) runs as in :func:`distsim.sim.engine.run_simpy`.
+
+A symmetric flow simulates one instance of each pattern for all of them: a network task then counts, on each
+resource, every instance of its pattern that uses it (``NetUse.usage``), which is exact when all instances see the
+same load (:func:`distsim.core.placement.shares_evenly`; the flow builder checks it, else simulates every GPU).
+
+Stream orders are fixed by the flow builder as before, so nothing is arbitrated; but durations now depend on the
+timeline, and processor sharing admits anomalies (more bandwidth can let a non-critical transfer start earlier and
+overlap a critical one), so the iteration time is not guaranteed monotone in bandwidth. The result is still the
+longest path of the durations the run realised (tested).
+
+:func:`run_flow` picks the engine: the shared one where the flow records network tasks, else the one-pass longest
+path (equal on flows where nothing is shared, tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+from simpy.events import NORMAL, Event
+
+from distsim.sim.engine import EngineResult, paused_gc, run
+
+
+@dataclass(frozen=True)
+class NetUse:
+    """How one network task uses the nodes' NICs."""
+
+    usage: tuple[tuple[int, int], ...]
+    """(resource, instances): resource ``2 n`` is node n's NICs sending, ``2 n + 1`` receiving; instances: how many
+    copies of the task load it (1, or in a symmetric flow every instance of its pattern that uses it)."""
+    latency_s: float
+    """The fixed part of its duration (per-step latencies), paid after its bytes are done; not shared."""
+    wire_bytes: float
+    """Bytes it moves through each of its NIC sets (at :attr:`rate` alone it takes its duration minus the latency)."""
+    rate: float
+    """Bytes/s it gets alone (one copy, nothing else on its NICs)."""
+    max_rate: float
+    """Bytes/s one copy can take at most, whatever its NICs' shares (one NIC for a transfer)."""
+
+
+@dataclass(frozen=True)
+class SharedResult(EngineResult):
+    slowed: frozenset[int] = frozenset()
+    """Network tasks that shared a resource for some positive time (those not in it took exactly their duration)."""
+
+
+def run_flow(flow: Any, duration_s: Sequence[float] | None = None) -> EngineResult:
+    """Execute an event flow (its durations, or `duration_s`): :func:`run_shared` where it records network tasks
+    (fair link sharing), else the longest path."""
+    durations = flow.duration_s if duration_s is None else duration_s
+    if flow.network:
+        cluster = flow.cluster
+        capacity = cluster.inter.bandwidth_bytes_per_s * cluster.nics_per_node
+        return run_shared(durations, flow.deps, flow.releases, flow.network, capacity)
+    return run(durations, flow.deps, flow.releases)
+
+
+def run_shared(
+    duration_s: Sequence[float],
+    deps: Sequence[Sequence[int]],
+    releases: Mapping[int, Sequence[tuple[int, float]]] | None,
+    network: Mapping[int, NetUse],
+    capacity: float,
+) -> SharedResult:
+    """Execute tasks `0..n-1` as :func:`distsim.sim.engine.run` does, the tasks in `network` as flows sharing the
+    nodes' NICs (`capacity` bytes/s per node and direction); see the module docstring. Raises ``RuntimeError`` on a
+    cycle."""
+    if not capacity > 0:
+        raise ValueError(f"NIC capacity must be > 0, got {capacity!r}")
+    with paused_gc():
+        return _run_shared(duration_s, deps, releases or {}, network, capacity)
+
+
+class _At(Event):
+    """An event `delay` seconds from now, with one callback (as :class:`distsim.sim.engine._Finish`)."""
+
+    def __init__(self, env: simpy.Environment, delay: float, value: object, callback: object) -> None:
+        self.env = env
+        self.callbacks = [callback]  # type: ignore[list-item]
+        self._value = value
+        self._ok = True
+        env.schedule(self, NORMAL, delay)
+
+
+def _run_shared(
+    duration_s: Sequence[float],
+    deps: Sequence[Sequence[int]],
+    releases: Mapping[int, Sequence[tuple[int, float]]],
+    network: Mapping[int, NetUse],
+    capacity: float,
+) -> SharedResult:
+    """:func:`run_shared`'s simulation (closures over its state, as :func:`distsim.sim.engine.run_simpy`: a
+    million-task flow pays for every attribute lookup)."""
+    n = len(duration_s)
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    waiting = [len(ds) for ds in deps]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            dependents[d].append(i)
+    for pairs in releases.values():
+        for j, _offset in pairs:
+            waiting[j] += 1
+    env = simpy.Environment()
+    start = [0.0] * n
+    end = [0.0] * n
+    load: dict[int, int] = {}  # resource -> copies of network tasks moving bytes through it now
+    users: dict[int, set[int]] = {}  # resource -> the network tasks moving bytes through it now
+    # per network task moving its bytes: the work left (seconds at its alone rate) as of `since`, its speed (rate
+    # over alone rate) since then, and the version of its scheduled byte completion (older ones are stale)
+    left: dict[int, float] = {}
+    since: dict[int, float] = {}
+    speed: dict[int, float] = {}
+    version: dict[int, int] = {}
+    slowed: set[int] = set()
+
+    def begin(j: int, now: float) -> None:
+        start[j] = now
+        if j in network:
+            join(j, now)
+        else:
+            _At(env, duration_s[j], j, done)
+        if releases:
+            for k, offset in releases.get(j, ()):
+                _At(env, offset, k, released)
+
+    def done(event: Event) -> None:
+        finish(event.value, env.now)
+
+    def finish(i: int, now: float) -> None:
+        end[i] = now
+        for j in dependents[i]:
+            w = waiting[j] - 1
+            waiting[j] = w
+            if w == 0:
+                begin(j, now)
+
+    def released(event: Event) -> None:
+        k = event.value
+        w = waiting[k] - 1
+        waiting[k] = w
+        if w == 0:
+            begin(k, env.now)
+
+    def join(j: int, now: float) -> None:
+        """Network task j starts moving its bytes: it loads its resources and every task on them is re-rated. Its
+        end, should it never be slowed, is scheduled now: start + duration, exactly."""
+        use = network[j]
+        dur = duration_s[j]
+        work = max(0.0, dur - use.latency_s)
+        left[j], since[j], speed[j], version[j] = work, now, 1.0, 0
+        for r, copies in use.usage:
+            load[r] = load.get(r, 0) + copies
+            users.setdefault(r, set()).add(j)
+        _At(env, dur, j, unslowed_end)
+        _At(env, work, (j, 0), bytes_end)
+        rerate(use, now)
+
+    def rerate(use: NetUse, now: float) -> None:
+        """Recompute the speeds of the tasks on `use`'s resources; reschedule the byte completion of those that
+        change."""
+        tasks: set[int] = set()
+        for r, _copies in use.usage:
+            tasks |= users[r]
+        for t in sorted(tasks):  # sorted: the run does not depend on set order
+            u = network[t]
+            rate = u.max_rate
+            for r, _copies in u.usage:
+                share = capacity / load[r]
+                if share < rate:
+                    rate = share
+            s = 1.0 if rate >= u.rate else rate / u.rate
+            old = speed[t]
+            if s == old:
+                continue
+            elapsed = now - since[t]
+            if elapsed > 0:
+                left[t] = max(0.0, left[t] - old * elapsed)
+                if old < 1.0:
+                    slowed.add(t)
+            since[t], speed[t] = now, s
+            v = version[t] = version[t] + 1
+            _At(env, left[t] / s, (t, v), bytes_end)
+
+    def leave(t: int, now: float) -> None:
+        """Task t's bytes are done: it leaves its resources, and the tasks left on them are re-rated."""
+        if speed[t] < 1.0 and now > since[t]:
+            slowed.add(t)
+        use = network[t]
+        for r, copies in use.usage:
+            load[r] -= copies
+            users[r].discard(t)
+        del left[t], since[t], speed[t], version[t]
+        rerate(use, now)
+
+    def bytes_end(event: Event) -> None:
+        t, v = event.value
+        if version.get(t) != v:  # rescheduled since, or ended
+            return
+        now = env.now
+        leave(t, now)
+        if t in slowed:  # else its end, start + duration, is already scheduled
+            _At(env, network[t].latency_s, t, done)
+
+    def unslowed_end(event: Event) -> None:
+        """start + duration of a network task: its end unless it was slowed (then its bytes decide)."""
+        t = event.value
+        now = env.now
+        if t in version:  # still moving bytes: its work rounded to an ulp past its duration, or it was slowed
+            if speed[t] < 1.0 and now > since[t]:
+                slowed.add(t)
+            if t in slowed:
+                return
+            leave(t, now)
+        if t not in slowed:
+            finish(t, now)
+
+    for i in range(n):
+        if waiting[i] == 0:
+            begin(i, 0.0)
+    env.run()
+    blocked = [i for i in range(n) if waiting[i] > 0]
+    if blocked:
+        raise RuntimeError(f"event flow has a cycle: {len(blocked)} tasks never became ready (e.g. {blocked[:5]})")
+    return SharedResult(start, end, frozenset(slowed))
