@@ -323,7 +323,27 @@ def profile_show(path: str, as_json: bool) -> None:
         mean = sum(launches) / len(launches)
         click.echo(f"host launch time: {len(launches)} compute events take {min(launches) * 1e3:.3f}-"
                    f"{max(launches) * 1e3:.3f} ms to enqueue (mean {mean * 1e3:.3f} ms)")  # fmt: skip
+    for line in _describe_host(db.host):
+        click.echo(line)
     for line in describe_self_check(p, {k: m.insitu_ratio for k, m in db.compute.items() if m.insitu_ratio}):
         click.echo(line)
     if p.get("not_profiled"):
         click.echo(f"not profiled ({len(p['not_profiled'])}): " + "; ".join(list(p["not_profiled"].values())[:3]))
+
+
+def _describe_host(host: Any) -> list[str]:
+    """The profiling host's speed (a :class:`~distsim.sim.profile_db.HostSpeed`, or None): per eager operator, and
+    per kernel of the measured blocks where recorded."""
+    if host is None:
+        return []
+    lines = []
+    if host.forward_op_s is not None and host.backward_op_s is not None:
+        lines.append(f"host: {host.forward_op_s * 1e6:.1f} us per forward op, {host.backward_op_s * 1e6:.1f} us per "
+                     f"backward op ({host.method or 'method not recorded'})")  # fmt: skip
+    names = {"F": "forward", "B": "backward"}
+    phases = [p for p in ("F", "B") if p in host.per_kernel_s]
+    if phases:
+        figures = ", ".join(f"{host.per_kernel_s[p] * 1e6:.0f} us {names[p]}" for p in phases)
+        counts = " and ".join(f"{host.per_kernel_events.get(p, 0)} {names[p]}" for p in phases)
+        lines.append(f"host per kernel (from the measured blocks): {figures} (median of {counts} events)")
+    return lines

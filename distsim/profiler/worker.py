@@ -162,6 +162,9 @@ class _Measured:
     comm: list[Any] = field(default_factory=list)
     interference: list[Any] = field(default_factory=list)
     collocation: Any = None
+    host: Any = None
+    """The host's speed (:class:`~distsim.sim.profile_db.HostSpeed`, rank 0): per eager operator, and per kernel of
+    the measured blocks on accelerators."""
 
 
 def run(cfg: ProfileConfig, traced: Any = None) -> None:
@@ -169,8 +172,8 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     ``cfg.torch_model`` already traced on this rank's device (a single process need not trace it twice).
 
     Set-up (:func:`_join`, :func:`_discover`, :func:`_already_measured`, the reference workload), the compute events
-    (:func:`_measure_compute`, :func:`_self_check`), the communication (:func:`_measure_comm`); once every rank has
-    finished, rank 0 writes the profile (:func:`_write_profile`)."""
+    (:func:`_measure_compute`, :func:`_self_check`), the communication (:func:`_measure_comm`), the host's speed
+    (:func:`_host_speed`, rank 0); once every rank has finished, rank 0 writes the profile (:func:`_write_profile`)."""
     import torch.distributed as dist
 
     from distsim.search.discovery import shard_strategies
@@ -192,6 +195,8 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
         from distsim.profiler.collocation import measure_collocation
 
         measured.collocation = measure_collocation(me.device, progress=me.log)
+    if me.rank == 0:
+        measured.host = _host_speed(work, measured.results, existing, me)
     if me.world > 1:
         dist.barrier()  # every rank finished: only now may rank 0 write
     _reference_at_end(load, reading, me.device, me.world, me.log)
@@ -393,8 +398,10 @@ def _write_profile(cfg: ProfileConfig, me: _Rank, measured: _Measured, existing:
         provenance["runs"][0]["collocation_slowdown"] = measured.collocation.slowdown
     if measured.self_check is not None:
         provenance["self_check"] = provenance["runs"][0]["self_check"] = measured.self_check
+    if measured.host is not None:  # each run keeps its own reading; the profile's is the latest (merged)
+        provenance["runs"][0]["host_speed"] = measured.host.to_dict()
     db = ProfileDB(provenance=provenance, compute=results, comm=tuple(comm), interference=tuple(measured.interference),
-                   model=measured.model_dict, collocation=measured.collocation).refit()  # fmt: skip
+                   model=measured.model_dict, collocation=measured.collocation, host=measured.host).refit()  # fmt: skip
     if existing is not None:
         db = existing.merge(db)
         me.log(f"extended {cfg.out}: now {len(db.compute)} compute events, {len(db.comm)} comm measurements")
@@ -402,6 +409,38 @@ def _write_profile(cfg: ProfileConfig, me: _Rank, measured: _Measured, existing:
     write_json(cfg.out, db.to_dict(), indent=1)
     me.log(f"wrote {cfg.out}: {len(results)} compute events and {len(comm)} communication measurements "
            f"in {elapsed:.1f} s")  # fmt: skip
+
+
+def _host_speed(work: _Work, results: dict[str, Any], existing: Any, me: _Rank) -> Any:
+    """Rank 0: the host's speed (:class:`~distsim.sim.profile_db.HostSpeed`): its time per eager operator on this
+    rank's device (:func:`distsim.profiler.host.measure_host_op_costs`) and, where compute events have a launch time
+    (accelerators), the median per phase over the discovered events measured (now or in `existing`) of the launch
+    time over the event's kernel count from its block's op list (:func:`distsim.sim.kernels.block_s`)."""
+    import statistics
+
+    from distsim.profiler.host import measure_host_op_costs
+    from distsim.sim.kernels import block_s
+    from distsim.sim.profile_db import HostSpeed
+
+    ops = measure_host_op_costs(me.device)
+    per_phase: dict[str, list[float]] = {"F": [], "B": []}
+    if work.found is not None and work.cluster is not None:
+        measured = {**(existing.compute if existing is not None else {}), **results}
+        for key, event in sorted(work.found.measurable_compute.items()):
+            m = measured.get(key)
+            if m is None or m.launch_s is None or not event.block.ops or event.phase not in per_phase:
+                continue
+            _, kernels = block_s(work.cluster.gpu, event.block.ops, event.phase, event.micro_batch_size,
+                                 event.effective_tp)  # fmt: skip
+            if kernels > 0:
+                per_phase[event.phase].append(m.launch_s / kernels)
+    per_kernel = {p: statistics.median(v) for p, v in per_phase.items() if v}
+    counts = {p: len(per_phase[p]) for p in per_kernel}
+    host = HostSpeed(ops.forward_s, ops.backward_s, ops.method, per_kernel, counts)
+    kernel_note = "".join(f", {p} {t * 1e6:.1f} us per kernel ({counts[p]} events)" for p, t in per_kernel.items())
+    me.log(f"host speed: {ops.forward_s * 1e6:.1f} us per forward op, {ops.backward_s * 1e6:.1f} us per backward op "
+           f"({ops.method}){kernel_note}")  # fmt: skip
+    return host
 
 
 def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[str, Any], existing: Any,

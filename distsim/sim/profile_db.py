@@ -18,7 +18,9 @@ Schema (JSON, ``schema: distsim-profile``, ``version: 1``)::
       "interference": [{"scope": "intra", "group_size": 2, "bytes": 16777216, "compute_slowdown": 0.4,
                         "comm_slowdown": 0.6}],
       "collocation": {"slowdown": 0.05, "compute_s": 2.1e-3, "alone_s": 4.3e-3, "collocated_s": 4.4e-3,
-                      "cycles": 200, "background_busy": 0.45, "method": "..."}
+                      "cycles": 200, "background_busy": 0.45, "method": "..."},
+      "host": {"forward_op_s": 1.1e-5, "backward_op_s": 1.5e-5, "method": "eager nn.Module chain, ...",
+               "per_kernel_s": {"F": 6.3e-5, "B": 8.4e-5}, "per_kernel_events": {"F": 24, "B": 24}}
     }
 
 Version 2 adds ``"model"``: the layer graph of a profiled torch module (``distsim profile --torch-model``) in the
@@ -27,6 +29,11 @@ model-file format of :mod:`distsim.core.models.loader`, whose compute events are
 
 ``collocation`` (optional, added to version 1 like ``launch_s``) is how much a low-priority background job on the
 same device slows the foreground's compute (``distsim profile --collocation``, see ``distsim.profiler.collocation``).
+
+``host`` (optional, added to version 1 the same way) is the profiling host's speed (:class:`HostSpeed`): its seconds
+per eager PyTorch operator, forward and backward (``distsim.profiler.host``), and on accelerators its seconds per
+kernel derived from the measured blocks' launch times (``per_kernel_s``, which ``ProfileCosts`` charges the events
+the profile did not measure).
 
 ``load`` holds each rank's reference-workload time before and after profiling and the machine's load average
 (see ``distsim.infra.machine_load``); the top-level one is the latest run's, as is ``self_check`` (the in-situ chains
@@ -231,6 +238,41 @@ class Collocation:
 
 
 @dataclass(frozen=True)
+class HostSpeed:
+    """The profiling host's speed. ``forward_op_s`` / ``backward_op_s``: host seconds per eager PyTorch operator, an
+    ``nn.Module`` call recording autograd and the autograd engine's node for it (a chain of tiny modules, see
+    ``distsim.profiler.host``; on CUDA the launch included), measured as ``method`` says; None if not measured.
+    ``per_kernel_s``: on accelerators, host seconds per kernel of the measured blocks (``F``, ``B``: the median over
+    the measured compute events of their launch time over their kernel count from the analytic op lists, the GPU's
+    launch included), over ``per_kernel_events`` events per phase; empty where none was measured (CPU)."""
+
+    forward_op_s: float | None = None
+    backward_op_s: float | None = None
+    method: str = ""
+    per_kernel_s: dict[str, float] = field(default_factory=dict)
+    per_kernel_events: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, newer: HostSpeed | None) -> HostSpeed:
+        """This reading updated by `newer`'s: its per-operator figures where it measured them, its per-kernel figure
+        per phase where it has one."""
+        if newer is None:
+            return self
+        ops = newer if newer.forward_op_s is not None else self
+        kernel = {**self.per_kernel_s, **newer.per_kernel_s}
+        events = {p: (newer if p in newer.per_kernel_s else self).per_kernel_events.get(p, 0) for p in kernel}
+        return HostSpeed(ops.forward_op_s, ops.backward_op_s, ops.method, kernel, events)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"forward_op_s": self.forward_op_s, "backward_op_s": self.backward_op_s,
+                               "method": self.method or None}  # fmt: skip
+        out = {k: v for k, v in out.items() if v is not None}
+        if self.per_kernel_s:
+            out["per_kernel_s"] = dict(sorted(self.per_kernel_s.items()))
+            out["per_kernel_events"] = dict(sorted(self.per_kernel_events.items()))
+        return out
+
+
+@dataclass(frozen=True)
 class ProfileDB:
     provenance: dict[str, Any] = field(default_factory=dict)
     compute: dict[str, Measurement] = field(default_factory=dict)
@@ -242,6 +284,8 @@ class ProfileDB:
     """The profiled torch module's layer graph (model-file format), or None; checked when it is loaded as a model."""
     collocation: Collocation | None = None
     """The measured slowdown of a collocated background job, or None."""
+    host: HostSpeed | None = None
+    """The profiling host's speed (per eager operator; per kernel on accelerators), or None (older profiles)."""
 
     # ---------------------------------------------------------------------------------------------- lookups
     def interference_for(self, scope: str) -> Interference | None:
@@ -324,6 +368,7 @@ class ProfileDB:
             interference=tuple(interference[k] for k in sorted(interference)),
             model=newer.model if newer.model is not None else self.model,
             collocation=newer.collocation if newer.collocation is not None else self.collocation,
+            host=newer.host if self.host is None else self.host.merge(newer.host),
         ).refit()
 
     # -------------------------------------------------------------------------------------------- (de)serialise
@@ -348,6 +393,8 @@ class ProfileDB:
             out["model"] = dict(self.model)
         if self.collocation is not None:
             out["collocation"] = {k: v for k, v in vars(self.collocation).items() if v is not None}
+        if self.host is not None:
+            out["host"] = self.host.to_dict()
         return out
 
     @classmethod
@@ -373,7 +420,9 @@ class ProfileDB:
             raise ProfileError(f"{where}: model must be an object (a layer graph), got {type(model).__name__}")
         raw = data.get("collocation")
         collocation = None if raw is None else _entry(_collocation, raw, f"{where}: collocation")
-        return cls(dict(provenance), compute, comm, fits, compute_fits, interference, model, collocation)
+        raw = data.get("host")
+        host = None if raw is None else _entry(_host, raw, f"{where}: host")
+        return cls(dict(provenance), compute, comm, fits, compute_fits, interference, model, collocation, host)
 
 
 def _section(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -474,3 +523,26 @@ def _collocation(v: Any) -> Collocation:
     return Collocation(_positive(v["slowdown"], "slowdown"), _positive(v["compute_s"], "compute_s"),
                        _positive(v["alone_s"], "alone_s"), _positive(v["collocated_s"], "collocated_s"),
                        int(v["cycles"]), str(v.get("method", "")), busy)  # fmt: skip
+
+
+def _host_seconds(value: Any, name: str) -> float:
+    """Host seconds per operator or kernel: finite, in [0, 1)."""
+    out = _positive(value, name)
+    if out >= 1:
+        raise ProfileError(f"{name} must be seconds below 1, got {out!r}")
+    return out
+
+
+def _host(v: Any) -> HostSpeed:
+    if not isinstance(v, dict):
+        raise ProfileError(f"expected an object, got {type(v).__name__}")
+    kernel, events = v.get("per_kernel_s", {}), v.get("per_kernel_events", {})
+    if not isinstance(kernel, dict) or not isinstance(events, dict):
+        raise ProfileError('per_kernel_s and per_kernel_events must be objects like {"F": ..., "B": ...}')
+    unknown = sorted(set(kernel) - {"F", "B"})
+    if unknown:
+        raise ProfileError(f"per_kernel_s: phases are F and B, got {unknown[0]!r}")
+    per_kernel = {p: _host_seconds(t, f"per_kernel_s.{p}") for p, t in kernel.items()}
+    counts = {p: int(events.get(p, 0)) for p in per_kernel}
+    return HostSpeed(_opt(v, "forward_op_s", _host_seconds), _opt(v, "backward_op_s", _host_seconds),
+                     str(v.get("method") or ""), per_kernel, counts)  # fmt: skip

@@ -1,10 +1,13 @@
-"""The profile's host launch times on CPU: storage and costs.
+"""The profile's host launch times on CPU: storage and costs; the host's speed per eager operator, and the host time
+per kernel the profiler derives from measured launch times.
 
 The CUDA timing path (FedTimer: sleep kernel, L2 sweep, host enqueue time) needs a GPU and is not exercised here."""
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from distsim.core.models.transformer import mlp_block  # noqa: E402
 from distsim.core.strategy import Strategy  # noqa: E402
 from distsim.io.files import load_model, load_profile, write_json  # noqa: E402
 from distsim.profiler.compute import EVICT_BYTES, evict_bytes, time_compute_event  # noqa: E402
+from distsim.profiler.host import measure_host_op_costs  # noqa: E402
 from distsim.search.discovery import discover  # noqa: E402
 from distsim.sim.costs import AnalyticCosts, ComputeEvent, Cost, ProfileCosts  # noqa: E402
 from distsim.sim.profile_db import Measurement, ProfileDB  # noqa: E402
@@ -91,3 +95,44 @@ def test_the_shipped_profile_predates_launch_times_and_still_loads() -> None:
     for event in found.measurable_compute.values():
         cost = costs.compute(event)
         assert cost.source == "measured" and cost.launch_s == fallback.compute(event).launch_s
+
+
+def test_the_host_op_costs_measured_on_this_cpu_are_sane() -> None:
+    """A sanity bound only (positive, finite, below a second): how fast this machine is, is not tested."""
+    before = torch.get_num_threads()
+    costs = measure_host_op_costs(repeats=3)
+    assert torch.get_num_threads() == before  # the one thread it measured with was given back
+    for seconds in (costs.forward_s, costs.backward_s):
+        assert math.isfinite(seconds) and 0 < seconds < 1
+    assert costs.method.startswith("eager nn.Module chain") and "cpu" in costs.method
+    with pytest.raises(ValueError, match="lengths"):
+        measure_host_op_costs(lengths=(50, 10))
+
+
+def test_the_profiler_derives_the_host_time_per_kernel_from_measured_launch_times() -> None:
+    """The profiler's per-kernel figure (CUDA only, as launch times are) from launch times given by hand: per phase
+    the median over the measured events of launch time / kernels from the op lists."""
+    from distsim.profiler.worker import _host_speed, _Rank, _Work
+    from distsim.sim.kernels import block_s
+
+    cluster = get_cluster("cpu-1x2")  # the kernel counts of the op lists do not depend on the device
+    model = load_model("gpt2-cpu")
+    strategy = Strategy.from_str("1M2P1D", num_micro_batches=2)
+    found = discover(model, cluster, [strategy], AnalyticCosts(cluster))
+    events = found.measurable_compute
+    expected: dict[str, list[float]] = {"F": [], "B": []}
+    results = {}
+    for i, (key, event) in enumerate(sorted(events.items())):
+        kernels = block_s(cluster.gpu, event.block.ops, event.phase, event.micro_batch_size, event.effective_tp)[1]
+        per_kernel = (50 + i) * 1e-6
+        results[key] = Measurement(1e-3, launch_s=per_kernel * kernels)
+        expected[event.phase].append(per_kernel)
+    me = _Rank(0, 1, 1, torch.device("cpu"), "none", lambda _m: None)
+    work = _Work(model, None, [strategy], [], cluster, found)
+    host = _host_speed(work, results, None, me)
+    assert host.forward_op_s > 0 and host.backward_op_s > 0
+    for phase in ("F", "B"):
+        assert host.per_kernel_s[phase] == pytest.approx(statistics.median(expected[phase]))
+        assert host.per_kernel_events[phase] == len(expected[phase]) > 1
+    cpu = _host_speed(work, {k: replace(m, launch_s=None) for k, m in results.items()}, None, me)
+    assert cpu.per_kernel_s == {} and cpu.per_kernel_events == {}  # CPU: no launch times, no per-kernel figure

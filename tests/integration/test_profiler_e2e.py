@@ -55,6 +55,9 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(
     blocks = {k: m for k, m in db["compute"].items() if not k.startswith("optimizer/")}
     assert check["events"] == len(blocks) and all(m["insitu_ratio"] > 0 for m in blocks.values())
     assert not any("launch_s" in m for m in db["compute"].values())
+    host = db["host"]  # rank 0 timed its host per eager operator; CPU: no launch times, so no figure per kernel
+    assert 0 < host["forward_op_s"] < 1 and 0 < host["backward_op_s"] < 1 and "per_kernel_s" not in host
+    assert host["method"].startswith("eager nn.Module chain") and db["provenance"]["runs"][0]["host_speed"] == host
     for strategy in ("1M2P1D", "1M1P2D", "2M1P1D"):  # in this process: the profile is what is tested here
         code, sim_out, sim_err = run_cli(["simulate", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", strategy,
                                           "--micro-batches", "2", "--profile", str(out), "--strict", "--json"],
@@ -66,6 +69,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(
     assert code == 0 and "all_reduce" in show and "gloo" in show
     assert "reference workload" in show and "rank 1 on " in show and "load average" in show
     assert "self-check, isolated / in-situ time: stage chains" in show and "1M2P1D mbs=1 stage 1" in show
+    assert "host: " in show and " us per forward op, " in show and "(eager nn.Module chain, cpu, 1 thread)" in show
 
     # profiling more extends the profile: new events are added, the run is recorded
     single = distsim("profile", "--model", TINY, "--cluster", "cpu-1x2", "--strategy", "1M2P1D", "--micro-batch-size",
@@ -81,6 +85,7 @@ def test_two_gloo_ranks_profile_a_model_that_simulate_then_uses(
     assert first["load"] == load and len(second["load"]["ranks"]) == 2  # each run keeps its own readings
     assert any("/mbs=2/" in k for k in extended["compute"])
     assert second["self_check"]["events"] > 0 and extended["provenance"]["self_check"] == second["self_check"]
+    assert extended["host"] == second["host_speed"] and first["host_speed"] == host  # the latest reading, and each
 
 
 @pytest.mark.skipif(netns_problem() is not None, reason=f"network namespaces unavailable: {netns_problem()}")
