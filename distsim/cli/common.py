@@ -224,11 +224,14 @@ def with_scale_options(strategy: Any, overrides: dict[str, Any]) -> Any:
     return strategy.with_(**changes) if changes else strategy
 
 
-def load_model_and_cluster(names: ModelOptions) -> tuple[Any, Any]:
-    """--model and --cluster (resized by --nodes when given)."""
+def load_model_and_cluster(names: ModelOptions, costs: CostOptions | None = None) -> tuple[Any, Any]:
+    """--model and --cluster (resized by --nodes when given); with the cost options, the model runs the kernels of
+    their --framework (its attention: time and memory)."""
     from distsim.io.files import load_cluster, load_model
 
     model = load_model(names.model_name)
+    if costs is not None and costs.framework_name is not None:  # a framework given: its attention kernel
+        model = load_framework_for(costs).apply(model)
     cluster = load_cluster(names.cluster_name)
     if names.nodes:
         cluster = cluster.with_nodes(names.nodes)
@@ -247,13 +250,39 @@ def allreduce_option(f: Any) -> Any:
     )(f)  # fmt: skip
 
 
-def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl") -> Any:
+def framework_option(f: Any) -> Any:
+    """``--framework``: a framework preset or file (:mod:`distsim.core.framework`): the attention kernel, the host
+    time per kernel, CUDA graphs."""
+    from distsim.core.framework import DEFAULT_FRAMEWORK, FRAMEWORKS
+
+    return click.option(
+        "--framework", "framework_name", default=None, metavar="NAME|FILE",
+        cls=RegistryHelpOption, registry=FRAMEWORKS,
+        help="The training framework the run uses: its attention kernel (time and memory) and its host time per "
+        "kernel, for the analytic estimates. A preset ({names}) or a YAML/JSON file {name, base, attention, "
+        "host_op_s, host_backward_op_s, cuda_graphs}; `distsim frameworks` describes the presets. [default: "
+        f"{DEFAULT_FRAMEWORK}: the GPU's launch per kernel only, with the attention the model states (flash unless "
+        "its spec says attention=...)]",
+    )(f)  # fmt: skip
+
+
+def load_framework_for(options: CostOptions) -> Any:
+    """--framework's framework (the default preset when not given)."""
+    from distsim.core.framework import DEFAULT_FRAMEWORK
+    from distsim.io.files import load_framework
+
+    return load_framework(options.framework_name or DEFAULT_FRAMEWORK)
+
+
+def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl",
+               framework: Any = None) -> Any:  # fmt: skip
     """Analytic costs for the cluster (inter-node all-reduce by `allreduce`, a name of
-    :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`), or a profile's measured costs backed by them."""
+    :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`; `framework` a :class:`~distsim.core.framework.Framework`,
+    default megatron-core), or a profile's measured costs backed by them."""
     from distsim.io.files import load_profile
     from distsim.sim.costs import AnalyticCosts, ProfileCosts
 
-    costs = AnalyticCosts(cluster, allreduce=allreduce)
+    costs = AnalyticCosts(cluster, allreduce=allreduce, **({"framework": framework} if framework is not None else {}))
     if profile_path:
         return ProfileCosts(load_profile(profile_path), costs, strict=strict)
     if strict:
@@ -262,8 +291,8 @@ def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, all
 
 
 def load_costs_for(options: CostOptions, cluster: Any) -> Any:
-    """:func:`load_costs` by the --profile, --strict and --allreduce options."""
-    return load_costs(cluster, options.profile_path, options.strict, options.allreduce)
+    """:func:`load_costs` by the --profile, --strict, --allreduce and --framework options."""
+    return load_costs(cluster, options.profile_path, options.strict, options.allreduce, load_framework_for(options))
 
 
 def check_outputs(outputs: OutputOptions, files: dict[str, str], figures: dict[str, str] | None = None) -> str | None:

@@ -79,6 +79,26 @@ def clusters(as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def frameworks(as_json: bool) -> None:
+    """List the framework presets (--framework of simulate, search and validate) with their sources.
+
+    A framework decides which attention kernel runs (and so which activations stay in memory) and how much host time
+    each kernel costs before it reaches the GPU; a file {name, base, attention, host_op_s, host_backward_op_s,
+    cuda_graphs} describes your own (unset keys come from base)."""
+    from dataclasses import asdict
+
+    from distsim.core.framework import DEFAULT_FRAMEWORK, FRAMEWORKS
+
+    if as_json:
+        click.echo(json.dumps([asdict(f) for f in FRAMEWORKS.values()], indent=2))
+        return
+    for name, f in FRAMEWORKS.items():
+        default = " (default)" if name == DEFAULT_FRAMEWORK else ""
+        click.echo(f"{f.describe()}{default}\n{'':<4}source: {f.source}")
+
+
+@cli.command()
 @click.option("--schedule", type=RegistryChoice(SCHEDULES), default="1f1b", show_default=True)
 @click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline ranks.")
 @click.option("--micro-batches", type=click.IntRange(min=1), required=True)

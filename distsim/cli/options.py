@@ -112,12 +112,14 @@ class StrategyOptions(Options):
 
 @dataclass(frozen=True)
 class CostOptions(Options):
-    """``--profile``, ``--strict`` and ``--allreduce``: where the event costs come from (loaded by
+    """``--profile``, ``--strict``, ``--allreduce`` and ``--framework``: where the event costs come from (loaded by
     :func:`~distsim.cli.common.load_costs_for`)."""
 
     profile_path: str | None = None
     strict: bool = False
     allreduce: str = "nccl"
+    framework_name: str | None = None
+    """--framework; None: megatron-core's host costs and the model's own attention."""
 
     def for_model(self, model_name: str | None) -> CostOptions:
         """With a torch module's profile as --model, that profile as --profile too (its measured events go with

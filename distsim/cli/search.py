@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.common import load_model_and_cluster, parse_int_list
-from distsim.cli.options import ModelOptions
+from distsim.cli.common import framework_option, load_model_and_cluster, parse_int_list
+from distsim.cli.options import CostOptions, ModelOptions
 from distsim.core.errors import DistsimError
 
 
@@ -49,9 +49,10 @@ class SearchOptions(ModelOptions):
     global_batch: int = 1
 
 
-def model_and_gpus(search: SearchOptions) -> tuple[Any, Any, int]:
-    """--model, --cluster (with --nodes) and the GPU count to plan for (--gpus, default all)."""
-    model, cluster = load_model_and_cluster(search)
+def model_and_gpus(search: SearchOptions, costs: CostOptions | None = None) -> tuple[Any, Any, int]:
+    """--model, --cluster (with --nodes; the model with --framework's kernels) and the GPU count to plan for (--gpus,
+    default all)."""
+    model, cluster = load_model_and_cluster(search, costs)
     return model, cluster, search.gpus or cluster.num_gpus
 
 
@@ -69,6 +70,7 @@ def shared_options(f: Any) -> Any:
         click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
                      help="Profile database with measured event times. [default: analytic estimates]"),
         click.option("--strict", is_flag=True, help="With --profile: fail on an event the profile lacks."),
+        framework_option,
         click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the table."),
     ]  # fmt: skip
     for option in reversed(options):

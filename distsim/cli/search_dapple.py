@@ -74,7 +74,7 @@ def dapple(**kw: Any) -> None:
     args = DappleArgs.from_params(**kw)
     outputs, planner = args.outputs, args.planner
     stdout_taken = check_outputs(outputs, {"plan_out": "--plan-out", "trace_path": "--trace"}, {"plot_path": "--plot"})
-    model, cluster, gpus = model_and_gpus(args.search)
+    model, cluster, gpus = model_and_gpus(args.search, args.costs)
     spec = planner.spec(gpus, args.search.global_batch)
     costs = load_costs_for(args.costs, cluster)
     quiet = outputs.quiet

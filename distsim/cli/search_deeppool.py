@@ -81,7 +81,7 @@ def deeppool(**kw: Any) -> None:
     background = check_background(args.background)
     if background is not None and not planner.simulate:
         raise click.UsageError("--background collocates with the simulated plan; drop --no-simulate")
-    model, cluster, gpus = model_and_gpus(args.search)
+    model, cluster, gpus = model_and_gpus(args.search, args.costs)
     cluster = cluster_for(cluster, gpus)
     costs = load_costs_for(args.costs, cluster)
     counts = opt_int_list(planner.counts_text, "--counts")

@@ -82,7 +82,7 @@ def grid(**kw: Any) -> None:
     outputs, ranking = args.outputs, args.ranking
     stdout_taken = check_outputs(outputs, {"csv_path": "--csv", "plan_out": "--plan-out"}, {"plot_path": "--plot"})
     check_directory(ranking.trace_dir, "--trace-best")
-    model, cluster, gpus = model_and_gpus(args.search)
+    model, cluster, gpus = model_and_gpus(args.search, args.costs)
     cluster = cluster_for(cluster, gpus)
     sizes = tuple(opt_int_list(args.grid.micro_batch_sizes, "--micro-batch-sizes") or (1,))
     costs_given = args.costs

@@ -14,6 +14,7 @@ from distsim.cli.common import (
     Progress,
     allreduce_option,
     check_outputs,
+    framework_option,
     load_model_and_cluster,
     parse_int_list,
     strategy_overrides,
@@ -59,6 +60,7 @@ def _modes_text() -> str:
 @click.option("--choose", type=click.Choice(["greedy", "optimal"]), default="greedy", show_default=True,
               help="Whose merge plan to write: MG-WFBP's greedy (its Algorithm 1) or the exact DP.")  # fmt: skip
 @allreduce_option
+@framework_option
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Profile database with measured event times. [default: analytic estimates]")  # fmt: skip
 @click.option("--strict", is_flag=True, help="With --profile: fail on an event the profile lacks.")
@@ -108,7 +110,7 @@ def merge(**kw: Any) -> None:
                            "distsim simulate --plan PLAN --plot FILE)")  # fmt: skip
     sweep_counts = parse_int_list(options.sweep_text, "--sweep-workers") if options.sweep_text else ()
     modes = check_modes(x.strip() for x in options.modes_text.split(",") if x.strip()) if options.modes_text else None
-    model, cluster = load_model_and_cluster(args.job)
+    model, cluster = load_model_and_cluster(args.job, args.costs)
     for n in sweep_counts:  # a worker count the cluster's nodes cannot hold fails before any work
         cluster_of(cluster, n)
     strategy, costs_given = _strategy(args, model, cluster)

@@ -24,6 +24,7 @@ from distsim.cli.common import (
     allreduce_option,
     check_outputs,
     fmt_time,
+    framework_option,
     grad_sync_options,
     load_costs_for,
     load_model_and_cluster,
@@ -45,6 +46,7 @@ from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
 from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
+from distsim.sim.flow.events import LINK_SHARING
 
 
 @cli.command()
@@ -123,11 +125,12 @@ from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 )
 @click.option(
     "--link-sharing",
-    type=click.Choice(["structural", "serialize"]),
+    type=click.Choice(list(LINK_SHARING)),
     default="structural",
     show_default=True,
     help="structural: traffic kinds overlap, concurrent flows split NICs (optimistic); serialize: all traffic of a "
-    "scope on a GPU queues on one link, p2p holding both ends (pessimistic).",
+    "scope on a GPU queues on one link, p2p holding both ends (pessimistic); fair: inter-node transfers of any kind "
+    "share each node's NICs equally while, and only while, they overlap (SimPy, slower).",
 )
 @click.option("--rank-order", default="tp,dp,pp", show_default=True, help="Rank placement, innermost first.")
 @click.option(
@@ -167,6 +170,7 @@ from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
     help="With --profile: fail if an event was not profiled instead of estimating it.",
 )
 @allreduce_option
+@framework_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the summary.")
 @click.option(
     "--trace",
@@ -216,7 +220,7 @@ def simulate(**kw: Any) -> None:
     args = SimulateArgs.from_params(**kw)
     stdout_taken = check_outputs(args.outputs, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
     plan, job = _plan_or_strategy(args.job)
-    model, cluster = load_model_and_cluster(job)
+    model, cluster = load_model_and_cluster(job, args.costs)
     background = check_background(args.background, args.simulation.samples)
     if args.simulation.straggler:
         cluster = cluster.with_slowdown(parse_stragglers(args.simulation.straggler))

@@ -8,12 +8,13 @@ from typing import Any
 import click
 
 from distsim.cli.app import cli
-from distsim.cli.common import check_outputs
+from distsim.cli.common import check_outputs, framework_option
 from distsim.cli.options import OutputOptions
 from distsim.core.errors import DistsimError
 
 
-def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tuple[Any, Any, Any, list[str]]:
+def _validate_one(path: str, profile_path: str | None, samples: int = 64,
+                  framework: Any = None) -> tuple[Any, Any, Any, list[str]]:  # fmt: skip
     """Simulate a trace's plan (with the profile's measured costs, strictly) and compare it with the trace; also
     the load warnings the profile recorded while it was measured."""
     from distsim.core.errors import ProfileError
@@ -31,13 +32,15 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64) -> tup
     if not profile_path and plan.get("profile"):  # by default the profile the run was planned with
         profile_path = planned_profile(path, plan["profile"])
     model = load_model(plan["model"])
+    if framework is not None:
+        model = framework.apply(model)
     cluster = load_cluster(plan["cluster"]).with_nodes(int(plan["nodes"]))
     strategy: Any = Strategy.from_str(plan["strategy"])
     if plan.get("burst"):  # a burst plan ran: simulate it (its strategy is only its one-stage view)
         from distsim.plans import plan_from_dict
 
         strategy = plan_from_dict(plan["burst"], f"{path}: plan burst")
-    costs: Any = AnalyticCosts(cluster)
+    costs: Any = AnalyticCosts(cluster) if framework is None else AnalyticCosts(cluster, framework=framework)
     load_warnings: list[str] = []
     if profile_path:
         db = load_profile(profile_path)
@@ -113,8 +116,9 @@ def _reprofile_advice(path: str, plan: dict[str, Any]) -> str:
 @click.option("--samples", type=click.IntRange(min=0), default=64, show_default=True,
               help="Stochastic runs of the prediction (0: mean durations only).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@framework_option
 def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | None, plot_path: str | None,
-             csv_path: str | None, samples: int, as_json: bool) -> None:  # fmt: skip
+             csv_path: str | None, samples: int, as_json: bool, framework_name: str | None) -> None:  # fmt: skip
     """Compare a prediction with a measured run: batch time, per-GPU activity and per-stage errors (DistSim Sec. 5).
 
     \b
@@ -129,8 +133,11 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         raise click.UsageError("--plot draws one trace: give --trace FILE")
     if csv_path and not suite_dir:
         raise click.UsageError("--csv writes the suite table: give --suite [DIR]")
+    from distsim.io.files import load_framework
+
+    framework = load_framework(framework_name) if framework_name else None
     if trace_path:
-        trace, result, val, load_warnings = _validate_one(trace_path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(trace_path, profile_path, samples, framework)
         if plot_path:
             from distsim.io.files import write_figure
             from distsim.io.plots import compare_gantt
@@ -167,7 +174,7 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
         lines += [f"    {message}" for message in load_warnings]
         click.echo("\n".join(lines), err=report)
         return
-    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples, report)
+    _validate_suite(suite_dir or "traces", profile_path, csv_path, as_json, samples, report, framework)
 
 
 def planned_profile(trace_path: str, recorded: str) -> str:
@@ -179,7 +186,7 @@ def planned_profile(trace_path: str, recorded: str) -> str:
 
 
 def _validate_suite(directory: str, profile_path: str | None, csv_path: str | None, as_json: bool,
-                    samples: int, report: bool = False) -> None:  # fmt: skip
+                    samples: int, report: bool = False, framework: Any = None) -> None:  # fmt: skip
     import glob
     import os
     import statistics
@@ -197,7 +204,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
     rows = []
     warned: set[str] = set()
     for path in paths:
-        trace, result, val, load_warnings = _validate_one(path, profile_path, samples)
+        trace, result, val, load_warnings = _validate_one(path, profile_path, samples, framework)
         if load_warnings:
             warned.add(profile_path or planned_profile(path, str(trace.plan.get("profile"))))
         s: Strategy = result.strategy

@@ -37,7 +37,8 @@ def _looks_like_path(name: str) -> bool:
 
 
 MiB = 2**20
-MAX_FILE_BYTES = {"model": 4 * MiB, "cluster": 1 * MiB, "plan": 1 * MiB, "profile": 64 * MiB, "trace": 256 * MiB}
+MAX_FILE_BYTES = {"model": 4 * MiB, "cluster": 1 * MiB, "framework": 1 * MiB, "plan": 1 * MiB, "profile": 64 * MiB,
+                  "trace": 256 * MiB}  # fmt: skip
 """Largest file each reader accepts, checked before reading; a YAML document's aliases may not expand it past the
 same size. The shipped files are far below: profiles up to 165 KB, measured traces up to 563 KB, models, clusters
 and plans a few KB (a model listing MAX_LAYERS layers one per line is about 1 MB). Parsing costs about 5x the file
@@ -168,6 +169,15 @@ def load_cluster(name_or_path: str) -> Cluster:
         data = read_structured(name_or_path, ClusterError, "cluster")
         return cluster_from_dict(data, str(name_or_path))
     return get_cluster(name_or_path)
+
+
+def load_framework(name_or_path: str) -> Any:
+    """A framework preset by name (:data:`distsim.core.framework.FRAMEWORKS`) or a framework file (YAML or JSON)."""
+    from distsim.core.framework import FrameworkError, framework_from_dict, get_framework
+
+    if _looks_like_path(name_or_path):
+        return framework_from_dict(read_structured(name_or_path, FrameworkError, "framework"), str(name_or_path))
+    return get_framework(name_or_path)
 
 
 def load_profile(path: str | Path) -> ProfileDB:

@@ -28,7 +28,7 @@ its sequence-parallel form or its attention core, as the analytic model's share 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from distsim.core.cluster import GPU, Cluster
@@ -36,6 +36,7 @@ from distsim.core.collectives import analytic_algorithm, collective_s
 from distsim.core.collectives import ring_steps as ring_steps  # re-exported: the ring figures other modules use
 from distsim.core.collectives import ring_volume as ring_volume
 from distsim.core.errors import ProfileError
+from distsim.core.framework import DEFAULT_FRAMEWORK, Framework, get_framework
 from distsim.core.models.graph import Block
 from distsim.sim.kernels import block_s
 from distsim.sim.profile_db import ProfileDB
@@ -189,6 +190,8 @@ class AnalyticCosts:
     """The inter-node all-reduce algorithm, a name of :data:`distsim.core.collectives.ANALYTIC_ALGORITHMS`: ``nccl``
     takes NCCL's double binary tree where that is faster (NCCL's choice); ``ring`` the ring only, the algorithm
     MG-WFBP's analysis assumes (its latency term grows as 2(N-1) alpha)."""
+    framework: Framework = field(default_factory=lambda: get_framework(DEFAULT_FRAMEWORK))
+    """What the framework adds to each kernel: its host time (:meth:`~distsim.core.framework.Framework.host_s`)."""
     _memo: dict[ComputeEvent, Cost] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,16 +209,18 @@ class AnalyticCosts:
     def _estimate(self, event: ComputeEvent) -> Cost:
         gpu = self.cluster.gpu
         b = event.block
+        host = self.framework.host_s
         if b.ops:
             seconds, kernels = block_s(gpu, b.ops, event.phase, event.micro_batch_size, event.effective_tp)
-            return Cost(seconds, "analytic", launch_s=kernels * gpu.kernel_launch_s)
+            return Cost(seconds, "analytic", launch_s=host(kernels, event.phase, gpu.kernel_launch_s))
         io = b.io_bytes * event.micro_batch_size / event.effective_tp
         weight_bytes = b.params / event.effective_tp * 2
         moved = io + weight_bytes if event.phase == "F" else 2 * (io + weight_bytes)
         t_flops = event.flops / (gpu.peak_flops_per_s * gpu.compute_efficiency)
         t_mem = moved / gpu.memory_bandwidth_bytes_per_s
         kernels = 1 if event.phase == "F" else 2  # a block without ops: one kernel, two in backward (as a GEMM)
-        return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic", launch_s=kernels * gpu.kernel_launch_s)
+        launch_s = host(kernels, event.phase, gpu.kernel_launch_s)
+        return Cost(max(t_flops, t_mem) + gpu.kernel_overhead_s, "analytic", launch_s=launch_s)
 
     def comm(self, event: CommEvent) -> Cost:
         """Point-to-point: latency + bytes over one flow's bandwidth (one NIC across nodes). Collectives: ring, or
@@ -253,14 +258,35 @@ class AnalyticCosts:
         return Cost(2 * shard_params * state_bytes_per_param / gpu.memory_bandwidth_bytes_per_s, "analytic")
 
 
+def _paced_by_profile_host(fallback: AnalyticCosts, db: ProfileDB) -> AnalyticCosts:
+    """`fallback` with its framework's host time per kernel replaced by the profile's, per phase, where the profile
+    recorded one (``db.host.per_kernel_s``: the measured blocks' launch time per kernel, the GPU's launch included,
+    so the framework's figure is that less ``kernel_launch_s``): the host that was measured paces the events it did
+    not measure. Otherwise `fallback` itself."""
+    per_kernel = db.host.per_kernel_s if db.host is not None else {}
+    if not per_kernel or not isinstance(fallback, AnalyticCosts):
+        return fallback
+    launch = fallback.cluster.gpu.kernel_launch_s
+    framework = fallback.framework
+    host_f = max(0.0, per_kernel["F"] - launch) if "F" in per_kernel else framework.host_op_s
+    host_b = max(0.0, per_kernel["B"] - launch) if "B" in per_kernel else framework.host_backward_op_s
+    return replace(fallback, framework=replace(framework, host_op_s=host_f, host_backward_op_s=host_b))
+
+
 @dataclass
 class ProfileCosts:
-    """Measured costs from a ProfileDB, falling back to `fallback` (flagged) unless strict."""
+    """Measured costs from a ProfileDB, falling back to `fallback` (flagged) unless strict. Where the profile recorded
+    its host's time per kernel (``db.host.per_kernel_s``, CUDA profiles), the fallback's estimated events and their
+    launch are paced by it instead of the framework preset's figure (:func:`_paced_by_profile_host`, at
+    construction)."""
 
     db: ProfileDB
     fallback: AnalyticCosts
     strict: bool = False
     name: str = "profile"
+
+    def __post_init__(self) -> None:
+        self.fallback = _paced_by_profile_host(self.fallback, self.db)
 
     def _missing(self, what: str) -> None:
         if self.strict:

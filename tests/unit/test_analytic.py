@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from distsim.core.cluster import GPU, Cluster, Link, get_cluster
 from distsim.core.collectives import TREE_BUS_BANDWIDTH, collective_s
 from distsim.core.errors import ModelFileError
+from distsim.core.framework import get_framework
 from distsim.core.models import Model, get_model
 from distsim.core.models.graph import FP16_MIXED, Block
 from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp
@@ -78,8 +79,10 @@ def test_block_without_ops_keeps_the_roofline() -> None:
     block = Block("mlp", fwd_flops=1e9, io_bytes=1e3)
     f = toy_costs(gpu).compute(ComputeEvent(block, "F", 2, 1, "fp16-mixed"))
     assert f.seconds == pytest.approx(2e9 / 1e12 + 10e-6)  # FLOPs x mbs / (peak x efficiency) + overhead
-    assert f.launch_s == pytest.approx(5e-6)  # one kernel; two in backward
-    assert toy_costs(gpu).compute(ComputeEvent(block, "B", 2, 1, "fp16-mixed")).launch_s == pytest.approx(10e-6)
+    fw = toy_costs(gpu).framework  # one kernel, two in backward, each its launch plus the framework's host time
+    assert f.launch_s == pytest.approx(5e-6 + fw.host_op_s)
+    b = toy_costs(gpu).compute(ComputeEvent(block, "B", 2, 1, "fp16-mixed"))
+    assert b.launch_s == pytest.approx(2 * (5e-6 + fw.host_backward_op_s))
 
 
 def test_ops_fill_and_check_the_block_totals() -> None:
@@ -110,7 +113,8 @@ def test_small_gemm_splits_k_over_idle_sms() -> None:
 
 
 def test_launch_time_is_kernels_times_launch_cost() -> None:
-    costs = AnalyticCosts(get_cluster("dgx-h100"))
+    """With no framework cost ("ideal") a kernel costs the host its launch; a framework adds its time per kernel."""
+    costs = AnalyticCosts(get_cluster("dgx-h100"), framework=get_framework("ideal"))
     launch = costs.cluster.gpu.kernel_launch_s
     assert launch == pytest.approx(7e-6)  # shared/evidence/h100-2026-11-22/micro.log
     attention = attention_block(1024, 16, 1024, FP16_MIXED)
@@ -125,6 +129,16 @@ def test_launch_time_is_kernels_times_launch_cost() -> None:
     assert costs.comm(CommEvent("all_reduce", 1 << 20, 8, "intra")).launch_s == pytest.approx(launch)
     cpu = AnalyticCosts(get_cluster("cpu-1x2"))
     assert cpu.compute(ComputeEvent(mlp, "F", 1, 1, "fp16-mixed")).launch_s == 0.0
+    eager = AnalyticCosts(get_cluster("dgx-h100"), framework=get_framework("megatron-core"))
+    fw = eager.framework
+    assert eager.compute(ComputeEvent(mlp, "F", 1, 1, "fp16-mixed")).launch_s == pytest.approx(
+        5 * (launch + fw.host_op_s)
+    )
+    assert eager.compute(ComputeEvent(mlp, "B", 1, 1, "fp16-mixed")).launch_s == pytest.approx(
+        8 * (launch + fw.host_backward_op_s)
+    )
+    graphs = AnalyticCosts(get_cluster("dgx-h100"), framework=get_framework("torch-compile"))
+    assert graphs.compute(ComputeEvent(mlp, "B", 1, 1, "fp16-mixed")).launch_s == 0.0  # CUDA graphs: no host pacing
 
 
 def test_cross_node_collective_uses_all_nics() -> None:
