@@ -32,7 +32,7 @@ path (equal on flows where nothing is shared, tested).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,14 +124,6 @@ def _run_shared(
     env = simpy.Environment()
     start = [0.0] * n
     end = [0.0] * n
-    load: dict[int, int] = {}  # resource -> copies of network tasks moving bytes through it now
-    users: dict[int, set[int]] = {}  # resource -> the network tasks moving bytes through it now
-    # per network task moving its bytes: the work left (seconds at its alone rate) as of `since`, its speed (rate
-    # over alone rate) since then, and the version of its scheduled byte completion (older ones are stale)
-    left: dict[int, float] = {}
-    since: dict[int, float] = {}
-    speed: dict[int, float] = {}
-    version: dict[int, int] = {}
     slowed: set[int] = set()
 
     def begin(j: int, now: float) -> None:
@@ -161,6 +153,39 @@ def _run_shared(
         waiting[k] = w
         if w == 0:
             begin(k, env.now)
+
+    join = _network_tasks(env, duration_s, network, capacity, slowed, finish, done)
+    for i in range(n):
+        if waiting[i] == 0:
+            begin(i, 0.0)
+    env.run()
+    blocked = [i for i in range(n) if waiting[i] > 0]
+    if blocked:
+        raise RuntimeError(f"event flow has a cycle: {len(blocked)} tasks never became ready (e.g. {blocked[:5]})")
+    return SharedResult(start, end, frozenset(slowed))
+
+
+def _network_tasks(
+    env: simpy.Environment,
+    duration_s: Sequence[float],
+    network: Mapping[int, NetUse],
+    capacity: float,
+    slowed: set[int],
+    finish: Callable[[int, float], None],
+    done: Callable[[Event], None],
+) -> Callable[[int, float], None]:
+    """The network tasks' part of the run: returns ``join(task, now)``, which starts a task moving its bytes on its
+    resources; the tasks sharing a resource are re-rated whenever one starts or finishes its bytes. A task that is
+    slowed is added to `slowed` and ends (`done`) its latency after its bytes; one never slowed ends (`finish`) at
+    start + duration, exactly."""
+    load: dict[int, int] = {}  # resource -> copies of network tasks moving bytes through it now
+    users: dict[int, set[int]] = {}  # resource -> the network tasks moving bytes through it now
+    # per network task moving its bytes: the work left (seconds at its alone rate) as of `since`, its speed (rate
+    # over alone rate) since then, and the version of its scheduled byte completion (older ones are stale)
+    left: dict[int, float] = {}
+    since: dict[int, float] = {}
+    speed: dict[int, float] = {}
+    version: dict[int, int] = {}
 
     def join(j: int, now: float) -> None:
         """Network task j starts moving its bytes: it loads its resources and every task on them is re-rated. Its
@@ -235,11 +260,4 @@ def _run_shared(
         if t not in slowed:
             finish(t, now)
 
-    for i in range(n):
-        if waiting[i] == 0:
-            begin(i, 0.0)
-    env.run()
-    blocked = [i for i in range(n) if waiting[i] > 0]
-    if blocked:
-        raise RuntimeError(f"event flow has a cycle: {len(blocked)} tasks never became ready (e.g. {blocked[:5]})")
-    return SharedResult(start, end, frozenset(slowed))
+    return join
