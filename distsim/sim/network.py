@@ -178,40 +178,53 @@ def _network_tasks(
     resources; the tasks sharing a resource are re-rated whenever one starts or finishes its bytes. A task that is
     slowed is added to `slowed` and ends (`done`) its latency after its bytes; one never slowed ends (`finish`) at
     start + duration, exactly."""
-    load: dict[int, int] = {}  # resource -> copies of network tasks moving bytes through it now
-    users: dict[int, set[int]] = {}  # resource -> the network tasks moving bytes through it now
-    # per network task moving its bytes: the work left (seconds at its alone rate) as of `since`, its speed (rate
-    # over alone rate) since then, and the version of its scheduled byte completion (older ones are stale)
-    left: dict[int, float] = {}
-    since: dict[int, float] = {}
-    speed: dict[int, float] = {}
-    version: dict[int, int] = {}
+    return _Network(env, duration_s, network, capacity, slowed, finish, done).join
 
-    def join(j: int, now: float) -> None:
+
+class _Network:
+    """The state of the tasks moving bytes: per resource its load (copies of tasks on it) and its users; per task
+    the work left (seconds at its alone rate) as of `since`, its speed (rate over alone rate) since then, and the
+    version of its scheduled byte completion (older ones are stale)."""
+
+    def __init__(
+        self, env: simpy.Environment, duration_s: Sequence[float], network: Mapping[int, NetUse], capacity: float,
+        slowed: set[int], finish: Callable[[int, float], None], done: Callable[[Event], None],
+    ) -> None:  # fmt: skip
+        self.env, self.duration_s, self.network, self.capacity = env, duration_s, network, capacity
+        self.slowed, self.finish, self.done = slowed, finish, done
+        self.load: dict[int, int] = {}
+        self.users: dict[int, set[int]] = {}
+        self.left: dict[int, float] = {}
+        self.since: dict[int, float] = {}
+        self.speed: dict[int, float] = {}
+        self.version: dict[int, int] = {}
+
+    def join(self, j: int, now: float) -> None:
         """Network task j starts moving its bytes: it loads its resources and every task on them is re-rated. Its
         end, should it never be slowed, is scheduled now: start + duration, exactly."""
-        use = network[j]
-        dur = duration_s[j]
+        use = self.network[j]
+        dur = self.duration_s[j]
         work = max(0.0, dur - use.latency_s)
-        left[j], since[j], speed[j], version[j] = work, now, 1.0, 0
+        self.left[j], self.since[j], self.speed[j], self.version[j] = work, now, 1.0, 0
         for r, copies in use.usage:
-            load[r] = load.get(r, 0) + copies
-            users.setdefault(r, set()).add(j)
-        _At(env, dur, j, unslowed_end)
-        _At(env, work, (j, 0), bytes_end)
-        rerate(use, now)
+            self.load[r] = self.load.get(r, 0) + copies
+            self.users.setdefault(r, set()).add(j)
+        _At(self.env, dur, j, self.unslowed_end)
+        _At(self.env, work, (j, 0), self.bytes_end)
+        self.rerate(use, now)
 
-    def rerate(use: NetUse, now: float) -> None:
+    def rerate(self, use: NetUse, now: float) -> None:
         """Recompute the speeds of the tasks on `use`'s resources; reschedule the byte completion of those that
         change."""
+        load, speed, left, since = self.load, self.speed, self.left, self.since
         tasks: set[int] = set()
         for r, _copies in use.usage:
-            tasks |= users[r]
+            tasks |= self.users[r]
         for t in sorted(tasks):  # sorted: the run does not depend on set order
-            u = network[t]
+            u = self.network[t]
             rate = u.max_rate
             for r, _copies in u.usage:
-                share = capacity / load[r]
+                share = self.capacity / load[r]
                 if share < rate:
                     rate = share
             s = 1.0 if rate >= u.rate else rate / u.rate
@@ -222,42 +235,39 @@ def _network_tasks(
             if elapsed > 0:
                 left[t] = max(0.0, left[t] - old * elapsed)
                 if old < 1.0:
-                    slowed.add(t)
+                    self.slowed.add(t)
             since[t], speed[t] = now, s
-            v = version[t] = version[t] + 1
-            _At(env, left[t] / s, (t, v), bytes_end)
+            v = self.version[t] = self.version[t] + 1
+            _At(self.env, left[t] / s, (t, v), self.bytes_end)
 
-    def leave(t: int, now: float) -> None:
+    def leave(self, t: int, now: float) -> None:
         """Task t's bytes are done: it leaves its resources, and the tasks left on them are re-rated."""
-        if speed[t] < 1.0 and now > since[t]:
-            slowed.add(t)
-        use = network[t]
+        if self.speed[t] < 1.0 and now > self.since[t]:
+            self.slowed.add(t)
+        use = self.network[t]
         for r, copies in use.usage:
-            load[r] -= copies
-            users[r].discard(t)
-        del left[t], since[t], speed[t], version[t]
-        rerate(use, now)
+            self.load[r] -= copies
+            self.users[r].discard(t)
+        del self.left[t], self.since[t], self.speed[t], self.version[t]
+        self.rerate(use, now)
 
-    def bytes_end(event: Event) -> None:
+    def bytes_end(self, event: Event) -> None:
         t, v = event.value
-        if version.get(t) != v:  # rescheduled since, or ended
+        if self.version.get(t) != v:  # rescheduled since, or ended
             return
-        now = env.now
-        leave(t, now)
-        if t in slowed:  # else its end, start + duration, is already scheduled
-            _At(env, network[t].latency_s, t, done)
+        self.leave(t, self.env.now)
+        if t in self.slowed:  # else its end, start + duration, is already scheduled
+            _At(self.env, self.network[t].latency_s, t, self.done)
 
-    def unslowed_end(event: Event) -> None:
+    def unslowed_end(self, event: Event) -> None:
         """start + duration of a network task: its end unless it was slowed (then its bytes decide)."""
         t = event.value
-        now = env.now
-        if t in version:  # still moving bytes: its work rounded to an ulp past its duration, or it was slowed
-            if speed[t] < 1.0 and now > since[t]:
-                slowed.add(t)
-            if t in slowed:
+        now = self.env.now
+        if t in self.version:  # still moving bytes: its work rounded to an ulp past its duration, or it was slowed
+            if self.speed[t] < 1.0 and now > self.since[t]:
+                self.slowed.add(t)
+            if t in self.slowed:
                 return
-            leave(t, now)
-        if t not in slowed:
-            finish(t, now)
-
-    return join
+            self.leave(t, now)
+        if t not in self.slowed:
+            self.finish(t, now)
