@@ -67,7 +67,10 @@ class Framework:
         for name in ("host_op_s", "host_backward_op_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-                raise FrameworkError(f"framework {self.name!r}: {name} must be seconds in [0, 1), got {value!r}")
+                hint = ""
+                if isinstance(value, str) and _is_number(value):
+                    hint = f" (text: YAML reads {value} as a string; write it with a decimal point, e.g. 1.0e-5)"
+                raise FrameworkError(f"framework {self.name!r}: {name} must be seconds in [0, 1), got {value!r}{hint}")
         if not isinstance(self.cuda_graphs, bool):
             raise FrameworkError(f"framework {self.name!r}: cuda_graphs must be true or false")
 
@@ -90,6 +93,14 @@ class Framework:
             f"host {self.host_op_s * 1e6:.1f} us per forward and {self.host_backward_op_s * 1e6:.1f} us per backward "
             "kernel beyond the launch")  # fmt: skip
         return f"{self.name}: {self.attention} attention; {host}"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 _MEGATRON_SOURCE = ("Megatron-LM/Megatron-Core with Transformer Engine: --attention-backend flash (TE's fused or "

@@ -89,6 +89,7 @@ def test_a_framework_file_overrides_its_base(tmp_path: Path) -> None:
         ({"attention": "sparse"}, "attention must be one of flash, unfused, fused_softmax"),
         ({"host_op_s": -1}, "host_op_s must be seconds in"),
         ({"host_op_s": True}, "host_op_s must be seconds in"),
+        ({"host_op_s": "1e-5"}, "YAML reads 1e-5 as a string; write it with a decimal point"),
         ({"cuda_graphs": "yes"}, "cuda_graphs must be true or false"),
         ({"hostop": 1}, "unknown key 'hostop'"),
         ({"base": "nope"}, "unknown framework 'nope'"),
