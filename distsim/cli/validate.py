@@ -56,7 +56,15 @@ def _validate_one(path: str, profile_path: str | None, samples: int = 64,
         result = simulate(model, cluster, strategy, costs, options, samples=samples)
         mean_durations = simulate(model, cluster, strategy, costs, options) if samples else result
     except ProfileError as exc:
-        raise TraceError(f"{profile_path} does not cover the plan of {path} (model {plan['model']}): {exc}") from None
+        hint = ""
+        if framework is not None and framework.attention != "flash":
+            hint = (
+                f"; --framework {framework.name} runs {framework.attention} attention, which the profile (of the "
+                "executor's flash kernels) did not measure: leave --framework out to validate the run as it ran"
+            )
+        raise TraceError(
+            f"{profile_path} does not cover the plan of {path} (model {plan['model']}): {exc}{hint}"
+        ) from None
     measured = [trace.timeline(i, cluster.gpus_per_node) for i in range(len(trace.iterations))]
     val = validate_timelines(result.timeline, measured, result.iteration_time_s)
     val.deterministic_s = mean_durations.iteration_time_s

@@ -122,3 +122,11 @@ def test_the_cli_takes_a_preset_or_a_file(tmp_path: Path, capsys: pytest.Capture
     assert code == 2 and f"{path}: framework" in err and "host_op_s must be seconds" in err
     code, out, _ = run_cli(["frameworks", "--json"], capsys)
     assert code == 0 and [f["name"] for f in json.loads(out)] == list(FRAMEWORKS)
+
+
+def test_validate_names_a_framework_whose_kernels_the_profile_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = Path(__file__).resolve().parents[2] / "traces" / "gpt2-cpu-2x1-1M2P1D-1f1b-M4.json"
+    code, _, err = run_cli(["validate", "--trace", str(trace), "--framework", "megatron-lm-2021", "--samples", "0"],
+                           capsys)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--framework megatron-lm-2021 runs fused_softmax attention" in err and "leave --framework out" in err
