@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import simpy
-from simpy.events import NORMAL, Event
+from simpy.events import Event
 
-from distsim.sim.engine import EngineResult, paused_gc, run
+from distsim.sim.engine import EngineResult, Timer, paused_gc, run, simulate_events
 
 
 @dataclass(frozen=True)
@@ -92,17 +92,6 @@ def run_shared(
         return _run_shared(duration_s, deps, releases or {}, network, capacity)
 
 
-class _At(Event):
-    """An event `delay` seconds from now, with one callback (as :class:`distsim.sim.engine._Finish`)."""
-
-    def __init__(self, env: simpy.Environment, delay: float, value: object, callback: object) -> None:
-        self.env = env
-        self.callbacks = [callback]  # type: ignore[list-item]
-        self._value = value
-        self._ok = True
-        env.schedule(self, NORMAL, delay)
-
-
 def _run_shared(
     duration_s: Sequence[float],
     deps: Sequence[Sequence[int]],
@@ -110,75 +99,15 @@ def _run_shared(
     network: Mapping[int, NetUse],
     capacity: float,
 ) -> SharedResult:
-    """:func:`run_shared`'s simulation (closures over its state, as :func:`distsim.sim.engine.run_simpy`: a
-    million-task flow pays for every attribute lookup)."""
-    n = len(duration_s)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    waiting = [len(ds) for ds in deps]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            dependents[d].append(i)
-    for pairs in releases.values():
-        for j, _offset in pairs:
-            waiting[j] += 1
-    env = simpy.Environment()
-    start = [0.0] * n
-    end = [0.0] * n
+    """:func:`run_shared`'s simulation: the engine's event loop, the network tasks started by :class:`_Network`."""
     slowed: set[int] = set()
 
-    def begin(j: int, now: float) -> None:
-        start[j] = now
-        if j in network:
-            join(j, now)
-        else:
-            _At(env, duration_s[j], j, done)
-        if releases:
-            for k, offset in releases.get(j, ()):
-                _At(env, offset, k, released)
+    def make_start(env: simpy.Environment, finish: Callable[[int, float], None],
+                   done: Callable[[Event], None]) -> Callable[[int, float], None]:  # fmt: skip
+        return _Network(env, duration_s, network, capacity, slowed, finish, done).join
 
-    def done(event: Event) -> None:
-        finish(event.value, env.now)
-
-    def finish(i: int, now: float) -> None:
-        end[i] = now
-        for j in dependents[i]:
-            w = waiting[j] - 1
-            waiting[j] = w
-            if w == 0:
-                begin(j, now)
-
-    def released(event: Event) -> None:
-        k = event.value
-        w = waiting[k] - 1
-        waiting[k] = w
-        if w == 0:
-            begin(k, env.now)
-
-    join = _network_tasks(env, duration_s, network, capacity, slowed, finish, done)
-    for i in range(n):
-        if waiting[i] == 0:
-            begin(i, 0.0)
-    env.run()
-    blocked = [i for i in range(n) if waiting[i] > 0]
-    if blocked:
-        raise RuntimeError(f"event flow has a cycle: {len(blocked)} tasks never became ready (e.g. {blocked[:5]})")
+    start, end = simulate_events(duration_s, deps, releases, network, make_start)
     return SharedResult(start, end, frozenset(slowed))
-
-
-def _network_tasks(
-    env: simpy.Environment,
-    duration_s: Sequence[float],
-    network: Mapping[int, NetUse],
-    capacity: float,
-    slowed: set[int],
-    finish: Callable[[int, float], None],
-    done: Callable[[Event], None],
-) -> Callable[[int, float], None]:
-    """The network tasks' part of the run: returns ``join(task, now)``, which starts a task moving its bytes on its
-    resources; the tasks sharing a resource are re-rated whenever one starts or finishes its bytes. A task that is
-    slowed is added to `slowed` and ends (`done`) its latency after its bytes; one never slowed ends (`finish`) at
-    start + duration, exactly."""
-    return _Network(env, duration_s, network, capacity, slowed, finish, done).join
 
 
 class _Network:
@@ -209,8 +138,8 @@ class _Network:
         for r, copies in use.usage:
             self.load[r] = self.load.get(r, 0) + copies
             self.users.setdefault(r, set()).add(j)
-        _At(self.env, dur, j, self.unslowed_end)
-        _At(self.env, work, (j, 0), self.bytes_end)
+        Timer(self.env, dur, j, self.unslowed_end)
+        Timer(self.env, work, (j, 0), self.bytes_end)
         self.rerate(use, now)
 
     def rerate(self, use: NetUse, now: float) -> None:
@@ -238,7 +167,7 @@ class _Network:
                     self.slowed.add(t)
             since[t], speed[t] = now, s
             v = self.version[t] = self.version[t] + 1
-            _At(self.env, left[t] / s, (t, v), self.bytes_end)
+            Timer(self.env, left[t] / s, (t, v), self.bytes_end)
 
     def leave(self, t: int, now: float) -> None:
         """Task t's bytes are done: it leaves its resources, and the tasks left on them are re-rated."""
@@ -257,7 +186,7 @@ class _Network:
             return
         self.leave(t, self.env.now)
         if t in self.slowed:  # else its end, start + duration, is already scheduled
-            _At(self.env, self.network[t].latency_s, t, self.done)
+            Timer(self.env, self.network[t].latency_s, t, self.done)
 
     def unslowed_end(self, event: Event) -> None:
         """start + duration of a network task: its end unless it was slowed (then its bytes decide)."""
