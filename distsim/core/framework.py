@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from distsim.core.errors import DistsimError, UnknownNameError
 from distsim.core.models.ops import ATTENTION_IMPLS
+from distsim.core.models.transformer import with_attention
 
 if TYPE_CHECKING:
     from distsim.core.models.graph import Model
@@ -84,8 +85,6 @@ class Framework:
 
     def apply(self, model: Model) -> Model:
         """The model with this framework's attention kernel (its time and its stored activations)."""
-        from distsim.core.models.transformer import with_attention
-
         return with_attention(model, self.attention)
 
     def describe(self) -> str:
