@@ -258,9 +258,11 @@ def framework_option(f: Any) -> Any:
     return click.option(
         "--framework", "framework_name", default=None, metavar="NAME|FILE",
         cls=RegistryHelpOption, registry=FRAMEWORKS,
-        help="The training framework the run uses: its attention kernel (time and memory) and its host time per "
-        "kernel, for the analytic estimates. A preset ({names}) or a YAML/JSON file {name, base, attention, "
-        "host_op_s, host_backward_op_s, cuda_graphs}; `distsim frameworks` describes the presets. [default: "
+        help="The training framework the run uses: its attention kernel (time and memory), its host time per "
+        "kernel, the SMs its communication kernels take from overlapped compute, and Megatron's --tp-comm-overlap, "
+        "for the analytic estimates. A preset ({names}) or a YAML/JSON file {name, base, attention, host_op_s, "
+        "host_backward_op_s, cuda_graphs, comm_sms, tp_comm_overlap, tp_comm_overlap_chunks}; `distsim frameworks` "
+        "describes the presets. [default: "
         f"{DEFAULT_FRAMEWORK}: the GPU's launch per kernel only, with the attention the model states (flash unless "
         "its spec says attention=...)]",
     )(f)  # fmt: skip

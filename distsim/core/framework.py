@@ -2,7 +2,9 @@
 
 Real runs differ from an idealised one by what their framework does: which attention kernel runs (and so which
 activations stay in memory), how much host time each operator costs before its kernel reaches the GPU (Python,
-PyTorch's dispatcher, autograd), and whether CUDA graphs remove that host time. A :class:`Framework` states these;
+PyTorch's dispatcher, autograd), whether CUDA graphs remove that host time, how many SMs its communication kernels
+take from the compute they overlap (:meth:`Framework.interference`), and whether tensor-parallel collectives are
+pipelined with their GEMMs (Megatron's ``--tp-comm-overlap``). A :class:`Framework` states these;
 :meth:`Framework.apply` rewrites a model's attention to the framework's kernel (time and memory follow together), and
 the analytic cost model charges every kernel the framework's host time on top of the GPU's launch time
 (:class:`distsim.sim.costs.AnalyticCosts`), so that the host stream sets the pace where it should: small layers,
@@ -58,6 +60,17 @@ class Framework:
     """Host seconds per backward kernel beyond the GPU's launch time (the autograd engine)."""
     cuda_graphs: bool = False
     """Kernels replayed from captured CUDA graphs: no per-kernel host time at all (launch included)."""
+    comm_sms: int = 0
+    """SMs a communication kernel occupies while it runs (NCCL: one thread block per channel, each on an SM), which
+    compute overlapped with it loses (:meth:`interference`); 0: overlap taken as free."""
+    tp_comm_overlap: bool = False
+    """Megatron-Core's ``--tp-comm-overlap`` (Transformer Engine userbuffers): with sequence parallelism, the
+    all-gather before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in
+    :attr:`tp_comm_overlap_chunks` chunks pipelined with that GEMM, inside a node (Megatron refuses it without
+    sequence parallelism; here it then has no effect)."""
+    tp_comm_overlap_chunks: int = 4
+    """Chunks a pipelined tensor-parallel collective and its GEMM are split into (Transformer Engine's userbuffers
+    ``num_splits`` default, 4): the pair then takes max(GEMM, collective) + min(GEMM, collective) / chunks."""
     source: str = ""
     """Where the settings come from (the framework's source and flags)."""
 
@@ -72,8 +85,13 @@ class Framework:
                 if isinstance(value, str) and _is_number(value):
                     hint = f" (text: YAML reads {value} as a string; write it with a decimal point, e.g. 1.0e-5)"
                 raise FrameworkError(f"framework {self.name!r}: {name} must be seconds in [0, 1), got {value!r}{hint}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise FrameworkError(f"framework {self.name!r}: cuda_graphs must be true or false")
+        for name in ("cuda_graphs", "tp_comm_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise FrameworkError(f"framework {self.name!r}: {name} must be true or false")
+        for name, low in (("comm_sms", 0), ("tp_comm_overlap_chunks", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise FrameworkError(f"framework {self.name!r}: {name} must be a whole number >= {low}, got {value!r}")
 
     def host_s(self, kernels: int, phase: str, launch_s: float) -> float:
         """Host seconds to issue `kernels` kernels of a forward (``F``) or backward (``B``) event on a GPU whose
@@ -83,6 +101,29 @@ class Framework:
         extra = self.host_op_s if phase == "F" else self.host_backward_op_s
         return kernels * (launch_s + extra)
 
+    def interference(self, sm_count: int) -> float:
+        """Compute slowdown c (an overlapped kernel takes 1 + c times as long) while a communication kernel of this
+        framework runs beside it on a GPU of `sm_count` SMs: it holds :attr:`comm_sms` of them, so compute keeps
+        the share f = 1 - comm_sms / sm_count of the SMs, c = (1 - f) / f. 0 on a device without SMs (a CPU: measure
+        it, ``distsim profile``) or without :attr:`comm_sms`. The collective's memory traffic (about three times its
+        link rate: what it sends, receives and reduces) slows memory-bound kernels too; GEMMs, which run beside
+        gradient reduction and tensor-parallel collectives, are bound by their SMs, so that term is left out."""
+        if self.comm_sms == 0 or sm_count <= 0:
+            return 0.0
+        held = min(self.comm_sms, sm_count - 1) / sm_count
+        return held / (1 - held)
+
+    def overlapped_pair_s(self, gemm_s: float, comm_s: float, slowdown: float) -> tuple[float, float]:
+        """(GEMM seconds, exposed collective seconds) of a GEMM and a tensor-parallel collective pipelined in
+        :attr:`tp_comm_overlap_chunks` chunks: the GEMM slowed by `slowdown` (c) while they overlap, the pair
+        taking max(GEMM, collective) + min(GEMM, collective) / chunks in all (a two-stage pipeline of equal
+        chunks: the first chunk of one waits for nothing, the last of the other for everything), of which what
+        passes the GEMM's end is the collective's exposed part."""
+        overlap = min(gemm_s, comm_s)
+        gemm = gemm_s + overlap * slowdown
+        total = max(gemm, comm_s) + min(gemm, comm_s) / self.tp_comm_overlap_chunks
+        return gemm, total - gemm
+
     def apply(self, model: Model) -> Model:
         """The model with this framework's attention kernel (its time and its stored activations)."""
         return with_attention(model, self.attention)
@@ -91,7 +132,13 @@ class Framework:
         host = "CUDA graphs (no per-kernel host time)" if self.cuda_graphs else (
             f"host {self.host_op_s * 1e6:.1f} us per forward and {self.host_backward_op_s * 1e6:.1f} us per backward "
             "kernel beyond the launch")  # fmt: skip
-        return f"{self.name}: {self.attention} attention; {host}"
+        parts = [f"{self.name}: {self.attention} attention", host]
+        if self.comm_sms:
+            parts.append(f"communication kernels hold {self.comm_sms} SMs")
+        if self.tp_comm_overlap:
+            parts.append(f"tensor-parallel communication overlapped with GEMMs in {self.tp_comm_overlap_chunks} "
+                         "chunks")  # fmt: skip
+        return "; ".join(parts)
 
 
 def _is_number(text: str) -> bool:
@@ -115,23 +162,34 @@ def register_framework(framework: Framework) -> Framework:
     return framework
 
 
+NCCL_SMS = 16
+"""SMs an NCCL collective holds on an 8-GPU NVSwitch node (assumed): NCCL runs one thread block per channel, each
+resident on an SM for the kernel's life; its topology search finds one ring per NVLink/NIC path (8 on DGX A100/H100)
+and duplicates the channels it found (``src/graph/connect.cc``, at most ``MAXCHANNELS`` = 32): 16. Transformer
+Engine's userbuffers give a pipelined reduce-scatter 16 SMs too (its default ``num_sm``)."""
+
 for _framework in (
-    Framework("megatron-core", "flash", source=_MEGATRON_SOURCE),
-    Framework("megatron-lm-2021", "fused_softmax",
+    Framework("megatron-core", "flash", comm_sms=NCCL_SMS, source=_MEGATRON_SOURCE),
+    Framework("megatron-core-overlap", "flash", comm_sms=NCCL_SMS, tp_comm_overlap=True,
+              source=_MEGATRON_SOURCE + "; with --tp-comm-overlap (Transformer Engine userbuffers: all-gather and "
+                     "reduce-scatter pipelined with the GEMMs beside them; needs --sequence-parallel), as NVIDIA's "
+                     "performance recipes launch it"),
+    Framework("megatron-lm-2021", "fused_softmax", comm_sms=NCCL_SMS,
               source="Megatron-LM v2-v3 (2021-22, Narayanan et al. and Korthikanti et al.'s runs): "
                      "--masked-softmax-fusion (megatron/model/fused_softmax.py, scores stored), fused bias-GeLU and "
                      "bias-dropout-add, apex FusedLayerNorm and FusedAdam; eager PyTorch"),
-    Framework("deepspeed", "fused_softmax",
+    Framework("deepspeed", "fused_softmax", comm_sms=NCCL_SMS,
               source="Megatron-DeepSpeed (Megatron-LM 2021 model code with DeepSpeed's engine): the same fused masked "
                      "softmax; eager PyTorch"),
-    Framework("pytorch-eager", "flash",
+    Framework("pytorch-eager", "flash", comm_sms=NCCL_SMS,
               source="plain PyTorch: F.scaled_dot_product_attention (its flash backend), eager modules"),
-    Framework("pytorch-unfused", "unfused",
+    Framework("pytorch-unfused", "unfused", comm_sms=NCCL_SMS,
               source="plain PyTorch with attention written out (matmul, softmax, dropout, matmul), eager modules"),
-    Framework("torch-compile", "flash", cuda_graphs=True,
+    Framework("torch-compile", "flash", cuda_graphs=True, comm_sms=NCCL_SMS,
               source="torch.compile(mode='reduce-overhead'): Inductor's fused kernels replayed from CUDA graphs"),
     Framework("ideal", "flash", host_op_s=0.0, host_backward_op_s=0.0,
-              source="no framework cost beyond the GPU's kernel launch (distsim's model before frameworks)"),
+              source="no framework cost beyond the GPU's kernel launch, overlap free (distsim's model before "
+                     "frameworks)"),
     Framework("deeppool", "flash", host_op_s=0.0, host_backward_op_s=0.0,
               source="DeepPool's runtime (Park et al., MLSys'23): whole training iterations captured as CUDA graphs "
                      "('removing kernel launch overheads with CUDA graphs'); charged here at the GPU's launch per "
@@ -156,7 +214,7 @@ def get_framework(name: str) -> Framework:
 
 def framework_from_dict(data: object, where: str) -> Framework:
     """A framework file: ``{name: ..., base: megatron-core, attention: ..., host_op_s: ..., ...}`` (``base`` names
-    the preset the unset fields come from; default megatron-core)."""
+    the preset the unset fields come from; default: :data:`DEFAULT_FRAMEWORK`)."""
     if not isinstance(data, Mapping):
         raise FrameworkError(f"{where}: a framework file is a mapping like {{name: mine, attention: flash}}")
     allowed = {f.name for f in fields(Framework)} | {"base"}

@@ -12,10 +12,19 @@ from dataclasses import dataclass, field, replace
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
+from distsim.core.framework import Framework
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
 from distsim.plans import PLAN_KINDS, Plan
-from distsim.sim.costs import CollocationSlowdown, CommEvent, ComputeEvent, Cost, CostSource, optimizer_key
+from distsim.sim.costs import (
+    CollocationSlowdown,
+    CommEvent,
+    ComputeEvent,
+    Cost,
+    CostSource,
+    framework_of,
+    optimizer_key,
+)
 from distsim.sim.flow.events import EventFlow, FlowOptions
 from distsim.sim.flow.templates import derived_blocks
 from distsim.sim.flow.uniform import build_flow
@@ -44,6 +53,10 @@ class RecordingCosts:
 
     def interference(self, scope: str) -> tuple[float, float]:
         return self.inner.interference(scope)
+
+    @property
+    def framework(self) -> Framework:
+        return framework_of(self.inner)
 
     def collocation_slowdown(self) -> CollocationSlowdown:
         return self.inner.collocation_slowdown()

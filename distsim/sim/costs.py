@@ -244,8 +244,10 @@ class AnalyticCosts:
         return Cost(seconds, "analytic", launch_s=launch_s)
 
     def interference(self, scope: str) -> tuple[float, float]:
-        """Overlap is taken as free unless a profile measured otherwise."""
-        return (0.0, 0.0)
+        """(compute slowdown, 0) from first principles: the SMs the framework's communication kernels hold
+        (:meth:`~distsim.core.framework.Framework.interference`; none under ``ideal``); the collective itself, its
+        SMs its own and its pace the link's, is not slowed."""
+        return (self.framework.interference(self.cluster.gpu.sm_count), 0.0)
 
     def collocation_slowdown(self) -> CollocationSlowdown:
         """DeepPool's reported bound (see :data:`DEEPPOOL_COLLOCATION_SLOWDOWN`)."""
@@ -256,6 +258,12 @@ class AnalyticCosts:
         """An Adam step reads and writes the whole training state once: memory bound."""
         gpu = self.cluster.gpu
         return Cost(2 * shard_params * state_bytes_per_param / gpu.memory_bandwidth_bytes_per_s, "analytic")
+
+
+def framework_of(costs: CostSource) -> Framework:
+    """The framework a cost source charges (the default preset for one that names none)."""
+    framework = getattr(costs, "framework", None)
+    return framework if isinstance(framework, Framework) else get_framework(DEFAULT_FRAMEWORK)
 
 
 def _paced_by_profile_host(fallback: AnalyticCosts, db: ProfileDB) -> AnalyticCosts:
@@ -345,8 +353,13 @@ class ProfileCosts:
         return alone
 
     def interference(self, scope: str) -> tuple[float, float]:
+        """Measured (``distsim profile``), else the fallback's first-principles figure."""
         found = self.db.interference_for(scope)
-        return (found.compute_slowdown, found.comm_slowdown) if found else (0.0, 0.0)
+        return (found.compute_slowdown, found.comm_slowdown) if found else self.fallback.interference(scope)
+
+    @property
+    def framework(self) -> Framework:
+        return self.fallback.framework
 
     def collocation_slowdown(self) -> CollocationSlowdown:
         """The profile's measured figure (``distsim profile --collocation``), else the fallback's (unless strict)."""

@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distsim.core.models.graph import Block
-from distsim.core.models.ops import sequence_parallel_ops
+from distsim.core.models.ops import GemmOp, sequence_parallel_ops
 from distsim.core.placement import CommInstance
-from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, share_cost
+from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, framework_of, share_cost
 from distsim.sim.flow.events import K_BWD, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
 from distsim.sim.flow.recompute import MODES, LayerOps, attention_core, recomputed_layers
+from distsim.sim.kernels import block_s, op_s
 
 Collectives = tuple[tuple[str, float], ...]
 
@@ -75,6 +76,10 @@ class _Blocks:
         self.tp, self.dtype = strategy.tp, flow.model.precision.name
         self.sp = strategy.sequence_parallel and strategy.tp > 1
         self._events: dict[tuple[int, str], tuple[ComputeEvent, Cost]] = {}  # (id of a model's block, phase)
+        self.framework = framework_of(costs)
+        self.overlap = (self.framework.tp_comm_overlap and self.sp and tp_instance is not None
+                        and tp_instance.scope == "intra")  # fmt: skip
+        """Megatron's --tp-comm-overlap: each collective pipelined with the GEMM beside it (:meth:`overlapped`)."""
 
     def event(self, block: Block, phase: str) -> tuple[ComputeEvent, Cost]:
         """The compute event a block runs (its sequence-parallel form where that differs) and its cost."""
@@ -101,8 +106,45 @@ class _Blocks:
         if self.tp == 1 or block.tp != "shard" or self.inst is None:
             return (compute,)
         before, after = tp_collectives(block, phase, self.sp)
-        return (*(self.collective(c, b, label, li) for c, b in before), compute,
-                *(self.collective(c, b, label, li) for c, b in after))  # fmt: skip
+        ops_before = tuple(self.collective(c, b, label, li) for c, b in before)
+        ops_after = tuple(self.collective(c, b, label, li) for c, b in after)
+        if self.overlap:
+            return self.overlapped(ev, cost, compute, ops_before, ops_after)
+        return (*ops_before, compute, *ops_after)
+
+    def overlapped(self, ev: ComputeEvent, cost: Cost, compute: StageOp, before: tuple[StageOp, ...],
+                   after: tuple[StageOp, ...]) -> tuple[StageOp, ...]:  # fmt: skip
+        """A block's ops under --tp-comm-overlap (Transformer Engine's userbuffers): the all-gather before it
+        pipelined with the first tensor-parallel GEMM it runs (in backward the last of its forward), the collective
+        after it with the last one it runs; each pair takes
+        :meth:`~distsim.core.framework.Framework.overlapped_pair_s`. The GEMMs stretch by the interference of
+        the collective beside them (its SMs); each collective keeps only its exposed part, in its place (the
+        all-gather's before the block: the first GEMM chunk waits for its data; the reduce-scatter's after it)."""
+        gpu = self.flow.cluster.gpu
+        mbs, tp, phase = ev.micro_batch_size, ev.effective_tp, ev.phase
+        order = ev.block.ops if phase == "F" else tuple(reversed(ev.block.ops))
+        gemms = [op for op in order if isinstance(op, GemmOp) and op.split != "none"]
+        if not gemms:
+            return (*before, compute, *after)
+        analytic_s, _ = block_s(gpu, ev.block.ops, phase, mbs, tp)
+        scale = cost.seconds / analytic_s if analytic_s > 0 else 1.0  # a measured block: its GEMMs' analytic share
+        slowdown, _ = self.costs.interference("intra")
+        stretched = compute.dur
+        ops: list[StageOp] = []
+        for side, gemm in ((before, gemms[0]), (after, gemms[-1])):
+            gemm_s = op_s(gpu, gemm, phase, mbs, tp)[0] * scale
+            for op in side:
+                longer, exposed = self.framework.overlapped_pair_s(gemm_s, op.dur, slowdown)
+                stretched += longer - gemm_s
+                flow = self.flow
+                key = flow.intern(f"{flow.keys[op.key]}/overlapping={ev.key}",
+                                  Cost(exposed, flow.key_costs[op.key].source), flow.key_kinds[op.key])  # fmt: skip
+                ops.append(replace(op, dur=exposed, key=key, name=f"{op.name} (exposed)"))
+        if stretched != compute.dur:
+            key = self.flow.intern(f"{ev.key}/overlapped", replace(cost, seconds=stretched), "compute")
+            compute = replace(compute, dur=stretched, key=key)
+        n = len(before)
+        return (*ops[:n], compute, *ops[n:])
 
     def collective(self, collective: str, per_sample: float, label: str, li: int) -> StageOp:
         assert self.inst is not None
