@@ -315,6 +315,24 @@ IB_FDR = Link(14.0625 * 4 * 64 / 66 * Gbit, 1e-6)
 # FDR InfiniBand 4x ("56 Gb/s"): 4 lanes x 14.0625 Gb/s signalling with 64b/66b encoding = 54.5 Gb/s of data
 # (InfiniBand Architecture Specification Vol. 2, release 1.3); latency 1 us: Mellanox ConnectX-3 (the FDR adapter of
 # its generation), product brief "1us MPI ping latency"
+IB_MTU_BYTES = 4096
+"""Payload of a full InfiniBand packet at the 4 KiB MTU that NCCL's IB transport and ConnectX adapters use."""
+IB_HEADER_BYTES = 8 + 12 + 4 + 2
+"""Bytes every InfiniBand packet adds to its payload on the wire: local route header 8, base transport header 12,
+invariant CRC 4, variant CRC 2 (InfiniBand Architecture Specification Vol. 1, ch. 5 "Data packet format"; an RDMA
+write's extended header, 16 B, rides its first packet only)."""
+IB_PAYLOAD = IB_MTU_BYTES / (IB_MTU_BYTES + IB_HEADER_BYTES)
+"""Share of an InfiniBand link's data rate that carries payload: 4096 / 4122 = 0.9937. HDR's and NDR's 200 and
+400 Gb/s are already data rates (after line encoding, 64b/66b with forward error correction), unlike FDR's "56"
+(see :data:`IB_FDR`); NCCL's Simple protocol, which it runs for large messages, adds no inline flags (its LL and LL128
+protocols carry 50 % and 120/128 of payload, for small messages). The NIC's PCIe Gen4/Gen5 x16 slot (31.5 / 63 GB/s
+after 128b/130b, about 0.91 of that after TLP headers at 256-byte payloads) does not bind at 25 / 50 GB/s."""
+NVLINK_PAYLOAD = 256 / (256 + 16)
+"""Share of an NVLink's data rate that carries payload: a packet is one 16-byte header flit (command, address,
+CRC) and at most 256 bytes of data flits (Foley and Danskin, "Ultra-Performance Pascal GPU and NVLink Interconnect",
+IEEE Micro 2017: 128-bit flits, a header flit per packet, data payloads of up to 256 bytes); 0.941. Smaller writes
+carry less (assumed: NCCL's copies move full packets)."""
+
 MGWFBP_SOURCE = (
     "MG-WFBP (Shi et al., TPDS 2020) evaluates on V100 clusters joined by 10GbE and 56 Gb/s InfiniBand; modelled "
     "here as one V100 per node (every all-reduce crosses the network, one worker per node as in its cost model); "
@@ -384,10 +402,11 @@ _PRESETS: dict[str, Cluster] = {
         128,
         8,
         A100_80GB,
-        Link(300 * GB, 3e-6),
-        Link(200 * Gbit, 5e-6),
+        Link(300 * GB * NVLINK_PAYLOAD, 3e-6),
+        Link(200 * Gbit * IB_PAYLOAD, 5e-6),
         8,
         source="NVIDIA DGX A100 architecture: NVLink3 via NVSwitch 300 GB/s per direction, 8x 200 Gb/s HDR IB; "
+        "links at their achievable payload rate (NVLink packet and IB packet headers: NVLINK_PAYLOAD, IB_PAYLOAD); "
         "128 nodes (1024 GPUs)",
     ),
     "dgx-h100": Cluster(
@@ -395,10 +414,11 @@ _PRESETS: dict[str, Cluster] = {
         128,
         8,
         H100_80GB,
-        Link(450 * GB, 3e-6),
-        Link(400 * Gbit, 5e-6),
+        Link(450 * GB * NVLINK_PAYLOAD, 3e-6),
+        Link(400 * Gbit * IB_PAYLOAD, 5e-6),
         8,
-        source="NVIDIA DGX H100: NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB; 128 nodes",
+        source="NVIDIA DGX H100: NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB; links at their "
+        "achievable payload rate (NVLink packet and IB packet headers: NVLINK_PAYLOAD, IB_PAYLOAD); 128 nodes",
     ),
     "cpu-1x2": Cluster("cpu-1x2", 1, 2, CPU_CORE, LOOPBACK, VETH_1G, 1, source=CPU_SOURCE + "; one node, two ranks"),
     "cpu-2x1": Cluster("cpu-2x1", 2, 1, CPU_CORE, LOOPBACK, VETH_1G, 1, source=CPU_SOURCE + "; two nodes, a rank each"),
