@@ -263,8 +263,8 @@ def framework_option(f: Any) -> Any:
         "for the analytic estimates. A preset ({names}) or a YAML/JSON file {name, base, attention, host_op_s, "
         "host_backward_op_s, cuda_graphs, comm_sms, tp_comm_overlap, tp_comm_overlap_chunks}; `distsim frameworks` "
         "describes the presets. [default: "
-        f"{DEFAULT_FRAMEWORK}: the GPU's launch per kernel only, with the attention the model states (flash unless "
-        "its spec says attention=...)]",
+        f"{DEFAULT_FRAMEWORK}'s host time and communication SMs, with the attention the model states (flash unless "
+        "its spec says attention=...); `--framework ideal`: the GPU's launch per kernel only, overlap free]",
     )(f)  # fmt: skip
 
 

@@ -197,10 +197,12 @@ for _framework in (
 ):  # fmt: skip
     register_framework(_framework)
 
-DEFAULT_FRAMEWORK = "ideal"
-"""What the analytic model charges when no framework is named: the GPU's launch per kernel only, as before frameworks
-(the shipped examples' figures are stated under it). Name the framework a run used (``--framework megatron-core``) to
-charge its host time."""
+DEFAULT_FRAMEWORK = "megatron-core"
+"""What the analytic model charges when no framework is named: Megatron-Core's, the framework most large runs use
+(eager PyTorch's host time per kernel, NCCL's SMs taken from overlapped compute). ``--framework ideal`` gives the
+model without framework costs (the GPU's launch per kernel only, overlap free); a device without a launch cost (a
+CPU) is unaffected either way. The attention kernel of a model is the one its spec states (flash unless it says
+``attention=``) unless a framework is named."""
 
 
 def get_framework(name: str) -> Framework:

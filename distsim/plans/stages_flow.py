@@ -78,8 +78,8 @@ def estimate_plan_tasks(
         total += m * r * recomputed  # recomputed forwards in every backward
         if r > 1:
             held = set(range(start, end))
-            during, after = bucket_bound(model, strategy, held)
-            total += during * (1 + r * shadows) + after
+            during, after, overlapped = bucket_bound(model, strategy, held)
+            total += during + overlapped * r * shadows + after
             if sharding.gather_after_step:
                 total += during + after
             if sharding.gather_per_layer:  # overlapped: shadows where the group's scope measured interference

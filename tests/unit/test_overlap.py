@@ -115,7 +115,7 @@ def test_interference_is_the_share_of_sms_a_collective_holds() -> None:
     assert core.interference(0) == 0.0
     h100 = get_cluster("dgx-h100")
     assert AnalyticCosts(h100, framework=core).interference("inter") == pytest.approx((16 / 116, 0.0))
-    assert AnalyticCosts(h100).interference("intra") == (0.0, 0.0)  # the default framework: overlap free
+    assert AnalyticCosts(h100, framework=get_framework("ideal")).interference("intra") == (0.0, 0.0)
 
 
 def test_a_profile_without_measured_interference_takes_the_frameworks() -> None:

@@ -149,8 +149,8 @@ def estimate_tasks(
     if strategy.dp > 1:
         for r in range(strategy.pp):
             held = set(rank_layers(stage_ranges, strategy.pp, r))
-            during, after = bucket_bound(model, strategy, held)
-            grads += tl * (during * (1 + dl * shadows) + after)
+            during, after, overlapped = bucket_bound(model, strategy, held)
+            grads += tl * (during + overlapped * dl * shadows + after)
             if sharding.gather_after_step:  # one parameter all-gather per bucket
                 grads += tl * (during + after)
             if sharding.gather_per_layer:  # every layer with parameters, before each forward and each backward
@@ -537,16 +537,20 @@ def cut_before(ops: Sequence[StageOp], idx: int, cuts: frozenset[int]) -> bool:
     return ops[idx - 1].layer in cuts and ops[idx - 1].layer != ops[idx].layer
 
 
-def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int]:
-    """(buckets issued during backward, buckets issued after it) for a rank holding `held`, without costs: exact
-    for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise."""
+def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int, int]:
+    """(buckets issued during backward, buckets issued after it, buckets overlapped with backward: those issued
+    during it but not after the rank's last backward, its first layer's) for a rank holding `held`, without costs:
+    exact for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise."""
     tensors = {i: tensor_bytes(model.stored_tensors(i, held, strategy.tp), model.precision.grad_bytes) for i in held}
     units = tuple(GradUnit(i, tensors[i]) for i in sorted(held, reverse=True))
     if MODES[strategy.grad_sync].planned and not strategy.grad_groups:
-        return sum(u.nbytes > 0 for u in units), 0
+        count = sum(u.nbytes > 0 for u in units)
+        return count, 0, count
     settings = SyncSettings.of(strategy.bucket_cap_mb, strategy.grad_groups)
     lowered = lower(strategy.grad_sync, SyncContext(units, lambda n: 0.0, None, settings))
-    return len(lowered.buckets) - len(lowered.at_end), len(lowered.at_end)
+    during = len(lowered.buckets) - len(lowered.at_end)
+    overlapped = sum(b.ready is not None and b.ready != min(held) for b in lowered.buckets)
+    return during, len(lowered.at_end), overlapped
 
 
 def launch_offsets(ops: Sequence[StageOp], cuts: frozenset[int]) -> tuple[list[float], float]:
