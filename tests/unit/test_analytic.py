@@ -285,3 +285,13 @@ def test_more_samples_cost_more_and_more_tp_less(preset: str, model: str) -> Non
             by_tp = [seconds(costs, block, phase, 2, tp) for tp in tps]
             assert by_tp == sorted(by_tp, reverse=True), (block.op, phase)
     assert math.isfinite(sum(seconds(costs, b, "B") for b in blocks.values()))
+
+
+def test_dgx_links_run_at_their_payload_rate() -> None:
+    """NVLink: 256 data bytes per 16-byte header flit; InfiniBand: 4096 payload bytes per 26 header bytes (HDR/NDR
+    rates are data rates already)."""
+    a100, h100 = get_cluster("dgx-a100"), get_cluster("dgx-h100")
+    assert a100.intra.bandwidth_bytes_per_s == pytest.approx(300e9 * 256 / 272)
+    assert h100.intra.bandwidth_bytes_per_s == pytest.approx(450e9 * 256 / 272)
+    assert a100.inter.bandwidth_bytes_per_s == pytest.approx(200e9 / 8 * 4096 / 4122)
+    assert h100.inter.bandwidth_bytes_per_s == pytest.approx(400e9 / 8 * 4096 / 4122)
