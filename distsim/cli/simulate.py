@@ -326,11 +326,13 @@ def _run(model: Any, cluster: Any, target: Any, costs: Any, options: Any, simula
 def _report(result: Any, job: TargetOptions, costs_given: CostOptions, costs: Any, collocated: Any,
             outputs: OutputOptions, stdout_taken: str | None) -> None:  # fmt: skip
     """The JSON object (--json), or the summary: on stderr when an output took standard output."""
-    from distsim.sim.costs import ProfileCosts
+    from distsim.sim.costs import ProfileCosts, framework_of
 
     provenance = costs.db.provenance if isinstance(costs, ProfileCosts) else None
+    framework = framework_of(costs)
     if outputs.as_json:
         data = result.to_dict()
+        data["framework"] = framework.name
         if collocated is not None:
             data["collocation"] = collocated.to_dict()
         if provenance is not None:
@@ -338,7 +340,7 @@ def _report(result: Any, job: TargetOptions, costs_given: CostOptions, costs: An
         click.echo(json.dumps(data, indent=2))
         return
     report = bool(stdout_taken)  # an output on stdout: the summary goes to stderr
-    click.echo(_summary(result), err=report)
+    click.echo(_summary(result, framework), err=report)
     if provenance is not None:
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
         also = " (also the model's layer graph)" if costs_given.profile_path == job.model_name else ""
@@ -400,7 +402,7 @@ def _load_note(provenance: dict[str, Any]) -> str:
     return f"the profile was measured under load, its timings may be off: {found[0]}{more}\n" + note
 
 
-def _summary(r: Any) -> str:
+def _summary(r: Any, framework: Any = None) -> str:
     s, m, c = r.strategy, r.model, r.cluster
     if r.plan is not None:
         what = f"plan {r.plan.notation()} ({PLAN_KINDS[r.plan.kind].summary(r.plan)})"
@@ -447,6 +449,9 @@ def _summary(r: Any) -> str:
         + ", ".join(f"{n} {src}" for src, n in sorted(counts.items()))
         + ("" if r.cost_source == "profile" else " (no --profile: analytic estimates)")
     )
+    gpu = c.gpu
+    if framework is not None and (gpu.kernel_launch_s > 0 or gpu.sm_count > 0):  # a framework's costs apply
+        lines.append(f"  framework          {framework.describe()} (--framework)")
     if "analytic" in counts and r.cost_source == "profile":
         missing = [k for k, c in zip(r.flow.keys, r.flow.key_costs, strict=True) if c.source == "analytic"]
         lines.append(f"  note               {len(missing)} events were not in the profile and were estimated "

@@ -160,3 +160,13 @@ def test_a_framework_file_states_overlap_and_sms() -> None:
                        (("tp_comm_overlap", "yes"), "tp_comm_overlap must be true or false")):  # fmt: skip
         with pytest.raises(FrameworkError, match=match):
             framework_from_dict({"name": "bad", bad[0]: bad[1]}, "f.yaml")
+
+
+def test_the_summary_names_the_framework_it_charged(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.util import run_cli
+
+    base = ["simulate", "--model", "gpt2-345m", "--cluster", "dgx-a100", "--nodes", "1", "--strategy", "2M1P4D"]
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0 and "framework          megatron-core: flash attention" in out
+    code, out, _ = run_cli([*base, "--framework", "megatron-core-overlap", "--json"], capsys)
+    assert code == 0 and '"framework": "megatron-core-overlap"' in out
