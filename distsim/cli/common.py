@@ -268,12 +268,13 @@ def framework_option(f: Any) -> Any:
     )(f)  # fmt: skip
 
 
-def load_framework_for(options: CostOptions) -> Any:
-    """--framework's framework (the default preset when not given)."""
+def load_framework_for(options: CostOptions, default: str | None = None) -> Any:
+    """--framework's framework; when not given, `default` (a command's or a plan kind's own runtime) or the default
+    preset."""
     from distsim.core.framework import DEFAULT_FRAMEWORK
     from distsim.io.files import load_framework
 
-    return load_framework(options.framework_name or DEFAULT_FRAMEWORK)
+    return load_framework(options.framework_name or default or DEFAULT_FRAMEWORK)
 
 
 def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, allreduce: str = "nccl",
@@ -292,9 +293,11 @@ def load_costs(cluster: Any, profile_path: str | None, strict: bool = False, all
     return costs
 
 
-def load_costs_for(options: CostOptions, cluster: Any) -> Any:
-    """:func:`load_costs` by the --profile, --strict, --allreduce and --framework options."""
-    return load_costs(cluster, options.profile_path, options.strict, options.allreduce, load_framework_for(options))
+def load_costs_for(options: CostOptions, cluster: Any, default_framework: str | None = None) -> Any:
+    """:func:`load_costs` by the --profile, --strict, --allreduce and --framework options (`default_framework` when
+    --framework is not given: :func:`load_framework_for`)."""
+    framework = load_framework_for(options, default_framework)
+    return load_costs(cluster, options.profile_path, options.strict, options.allreduce, framework)
 
 
 def check_outputs(outputs: OutputOptions, files: dict[str, str], figures: dict[str, str] | None = None) -> str | None:

@@ -58,7 +58,9 @@ def deeppool(**kw: Any) -> None:
     times its single-GPU compute. Branch/join blocks (Inception's modules) are reduced to one transition, their
     branches planned concurrently. Prints the counts, the planner's time and GPU-seconds, the same for plain data
     parallelism over all the GPUs, the simulator's prediction of both, and writes the plan (a burst plan file that
-    `distsim simulate --plan` takes).
+    `distsim simulate --plan` takes). Costs are DeepPool's runtime's (`--framework deeppool`: iterations replayed
+    as CUDA graphs, no host time per kernel beyond the launch) unless --framework names another; `simulate --plan`
+    charges a burst plan the same.
 
     \b
     VGG-16 on one 8-GPU DGX A100, global batch 32 (the paper's setting):
@@ -83,7 +85,7 @@ def deeppool(**kw: Any) -> None:
         raise click.UsageError("--background collocates with the simulated plan; drop --no-simulate")
     model, cluster, gpus = model_and_gpus(args.search, args.costs)
     cluster = cluster_for(cluster, gpus)
-    costs = load_costs_for(args.costs, cluster)
+    costs = load_costs_for(args.costs, cluster, "deeppool")  # DeepPool's runtime unless --framework says otherwise
     counts = opt_int_list(planner.counts_text, "--counts")
     result = plan_deeppool(model, cluster, costs, gpus, args.search.global_batch, counts, planner.amp_limit)
     place = {"placement": planner.placement, "grad_sync": planner.grad_sync, "model": args.search.model_name,

@@ -227,7 +227,8 @@ def simulate(**kw: Any) -> None:
     costs_given = args.costs.for_model(job.model_name)  # a torch module's profile: its events go with its graph
     target = _target(plan, job, model, args.strategy)
     strategy = target.strategy if plan is not None else target
-    costs = load_costs_for(costs_given, cluster)
+    runtime = getattr(PLAN_KINDS[plan.kind], "framework", None) if plan is not None else None  # optional on a kind
+    costs = load_costs_for(costs_given, cluster, runtime)
     options = args.simulation.flow_options()
     result = _run(model, cluster, target, costs, options, args.simulation, job.plan_path if plan is not None else None)
     if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not args.outputs.as_json:

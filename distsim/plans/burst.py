@@ -263,6 +263,7 @@ class BurstKind:
     file_keys = marker_keys | {"grad_sync"}
 
     memory_per_gpu = True
+    framework = "deeppool"  # burst parallelism is DeepPool's runtime (whole iterations replayed as CUDA graphs)
 
     def check_fields(self, plan: Plan) -> None:
         check_burst_fields(plan)

@@ -31,6 +31,9 @@ class PlanKind(Protocol):
     """Keys that, without ``kind:``, say a plan file is of this kind."""
     memory_per_gpu: bool
     """Whether :meth:`memory` estimates each GPU (its ``rank`` is a GPU id), not each pipeline rank."""
+    framework: str | None
+    """The framework (:mod:`distsim.core.framework`) that runs plans of this kind when the user names none: the
+    runtime the kind exists in (burst plans: DeepPool's); None (or absent): the default framework."""
 
     def check_fields(self, plan: Plan) -> None:
         """The plan's own consistency, needing neither model nor cluster (PlanError names the first problem)."""

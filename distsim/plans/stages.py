@@ -51,6 +51,7 @@ class StagesKind:
     file_keys = marker_keys | PIPELINE_KEYS
 
     memory_per_gpu = False
+    framework = None
 
     def check_fields(self, plan: Plan) -> None:
         if not plan.layout or not all(isinstance(st, StagePlan) for st in plan.layout):

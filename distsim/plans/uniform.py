@@ -48,6 +48,7 @@ class UniformKind:
     file_keys = marker_keys | PIPELINE_KEYS  # the pipeline keys are refused with a hint, below
 
     memory_per_gpu = False
+    framework = None
 
     def check_fields(self, plan: Plan) -> None:
         if plan.layout:

@@ -130,3 +130,17 @@ def test_validate_names_a_framework_whose_kernels_the_profile_lacks(capsys: pyte
                            capsys)  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--framework megatron-lm-2021 runs fused_softmax attention" in err and "leave --framework out" in err
+
+
+def test_deeppools_plans_run_under_its_runtime_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A burst plan is DeepPool's (its runtime replays CUDA graphs): simulated without --framework it is charged
+    DeepPool's framework, with one the named one; a uniform strategy gets the default."""
+    plan = tmp_path / "burst.plan.yaml"
+    plan.write_text("kind: burst\nmodel: vgg16\ncluster: dgx-a100\nnodes: 1\nbatch: 32\ncounts: 1x3,8x10,1x8\n")
+    code, out, _ = run_cli(["simulate", "--plan", str(plan)], capsys)
+    assert code == 0 and "framework          deeppool:" in out
+    code, out, _ = run_cli(["simulate", "--plan", str(plan), "--framework", "megatron-core"], capsys)
+    assert code == 0 and "framework          megatron-core:" in out
+    uniform = ["simulate", "--model", "vgg16", "--cluster", "dgx-a100", "--nodes", "1", "--strategy", "1M1P8D"]
+    code, out, _ = run_cli(uniform, capsys)
+    assert code == 0 and f"framework          {DEFAULT_FRAMEWORK}:" in out
