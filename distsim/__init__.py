@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from distsim.core.cluster import Cluster, get_cluster
 from distsim.core.errors import DistsimError
+from distsim.core.framework import Framework, get_framework
 from distsim.core.models import Model, get_model
 from distsim.core.schedules import Schedule, build_schedule, format_grid
 from distsim.core.strategy import Strategy
@@ -34,6 +35,7 @@ __all__ = [
     "CollocationReport",
     "DistsimError",
     "FlowOptions",
+    "Framework",
     "Model",
     "Plan",
     "ProfileCosts",
@@ -47,6 +49,7 @@ __all__ = [
     "collocation_report",
     "format_grid",
     "get_cluster",
+    "get_framework",
     "get_model",
     "simulate",
 ]

@@ -153,12 +153,16 @@ STRATEGY_OPTIONS = (
 )
 
 
-def grad_sync_options(default: str | None = None) -> Any:
-    """``--grad-sync`` (the modes of :mod:`distsim.core.sync`, each explained) and ``--bucket-cap-mb``."""
+def grad_sync_options(default: str | None = None, framework: bool = False) -> Any:
+    """``--grad-sync`` (the modes of :mod:`distsim.core.sync`, each explained) and ``--bucket-cap-mb``; `framework`:
+    when not given, the --framework's synchronisation applies (``Framework.synchronised``)."""
     from distsim.core.sync import DDP_BUCKET_CAP_MB, MODES
 
     modes = "; ".join(f"{name}: {mode.summary}" for name, mode in MODES.items())
     shown = "" if default is not None else " [default: bulk]"
+    if framework:
+        shown = (" [default: bulk, or under a framework with overlap_grad_reduce (megatron-core-overlap) Megatron's "
+                 "buckets of max(40M, 1M x dp) parameters, reduced during backward (ddp)]")  # fmt: skip
 
     def decorate(f: Any) -> Any:
         cap = f"DDP bucket size in MiB (--grad-sync ddp). [default: {DDP_BUCKET_CAP_MB:g}]"
@@ -264,7 +268,8 @@ def framework_option(f: Any) -> Any:
         "host_backward_op_s, cuda_graphs, comm_sms, tp_comm_overlap, tp_comm_overlap_chunks}; `distsim frameworks` "
         "describes the presets. [default: "
         f"{DEFAULT_FRAMEWORK}'s host time and communication SMs, with the attention the model states (flash unless "
-        "its spec says attention=...); `--framework ideal`: the GPU's launch per kernel only, overlap free]",
+        "its spec says attention=...); `search deeppool` and burst plans: deeppool, DeepPool's runtime; "
+        "`--framework ideal`: the GPU's launch per kernel only, overlap free]",
     )(f)  # fmt: skip
 
 

@@ -38,7 +38,7 @@ from distsim.core.sync import DDP_BUCKET_CAP_MB
 @click.option("--pp", "pp_text", metavar="LIST", help="Pipeline degrees to try. [default: all]")
 @click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
               help="Model chunks per rank for the interleaved schedule.")  # fmt: skip
-@grad_sync_options("bulk")
+@grad_sync_options(framework=True)
 @click.option("--recompute", "recompute_text", default="none", show_default=True, metavar="LIST",
               help="Activation recomputation modes to try: any of none,selective,full.")  # fmt: skip
 @click.option("--optimizer-sharding", "sharding_text", default="none", show_default=True, metavar="LIST",
@@ -133,7 +133,7 @@ class GridOptions(Options):
     tp_text: str | None = None
     pp_text: str | None = None
     virtual_stages: int = 2
-    grad_sync: str = "bulk"
+    grad_sync: str | None = None
     bucket_cap_mb: float | None = None
     recompute_text: str = "none"
     sharding_text: str = "none"

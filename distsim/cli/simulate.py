@@ -112,7 +112,7 @@ from distsim.sim.flow.events import LINK_SHARING
     help="DAPPLE 1F1B warm-up: A, K_i=min(S-i,D); B, K_i=min(2(S-i)-1,D). [default: A]",
 )
 @click.option("--max-in-flight", type=click.IntRange(min=1), help="DAPPLE's D: most micro-batches a stage holds.")
-@grad_sync_options()
+@grad_sync_options(framework=True)
 @scale_options
 @click.option("--partition", metavar="N:N:...", help="Layers per (virtual) stage, e.g. 23:25. [default: balanced]")
 @click.option(
@@ -226,9 +226,13 @@ def simulate(**kw: Any) -> None:
         cluster = cluster.with_slowdown(parse_stragglers(args.simulation.straggler))
     costs_given = args.costs.for_model(job.model_name)  # a torch module's profile: its events go with its graph
     target = _target(plan, job, model, args.strategy)
-    strategy = target.strategy if plan is not None else target
     runtime = getattr(PLAN_KINDS[plan.kind], "framework", None) if plan is not None else None  # optional on a kind
     costs = load_costs_for(costs_given, cluster, runtime)
+    if plan is None and not _sync_given(job, args.strategy):
+        from distsim.sim.costs import framework_of
+
+        target = framework_of(costs).synchronised(target, model.precision.grad_bytes)
+    strategy = target.strategy if plan is not None else target
     options = args.simulation.flow_options()
     result = _run(model, cluster, target, costs, options, args.simulation, job.plan_path if plan is not None else None)
     if strategy.pp > 1 and strategy.num_micro_batches < strategy.pp and not args.outputs.as_json:
@@ -294,6 +298,12 @@ def _plan_or_strategy(job: TargetOptions) -> tuple[Any, TargetOptions]:
     if not job.model_name or not job.cluster_name:
         raise click.UsageError("give --model and --cluster (or a --plan that names them)")
     return plan, job
+
+
+def _sync_given(job: TargetOptions, given_options: StrategyOptions) -> bool:
+    """Whether the user chose the gradient synchronisation (--grad-sync, or sync= in --strategy); otherwise the
+    framework's applies (:meth:`~distsim.core.framework.Framework.synchronised`)."""
+    return given_options.grad_sync is not None or "sync" in (job.strategy_text or "").lower()
 
 
 def _target(plan: Any, job: TargetOptions, model: Any, given_options: StrategyOptions) -> Any:

@@ -34,6 +34,12 @@ from distsim.core.models.transformer import with_attention
 
 if TYPE_CHECKING:
     from distsim.core.models.graph import Model
+    from distsim.core.strategy import Strategy
+
+MEGATRON_BUCKET_PARAMS = 40_000_000
+"""Megatron-Core's gradient bucket, in parameters, at data-parallel sizes up to 40 (``bucket_size = max(40000000,
+1000000 * data_parallel_size)``)."""
+MIB = 1024 * 1024
 
 EAGER_FORWARD_OP_S = 56e-6
 """Host seconds per forward kernel beyond the GPU's launch time: 63 us measured per forward kernel on the H200 host
@@ -71,6 +77,10 @@ class Framework:
     tp_comm_overlap_chunks: int = 4
     """Chunks a pipelined tensor-parallel collective and its GEMM are split into (Transformer Engine's userbuffers
     ``num_splits`` default, 4): the pair then takes max(GEMM, collective) + min(GEMM, collective) / chunks."""
+    overlap_grad_reduce: bool = False
+    """Megatron's ``--overlap-grad-reduce``: gradients are reduced in buckets of max(40 M, 1 M x dp) parameters, each
+    as soon as its last gradient is ready in the last micro-batch (:meth:`synchronised`); without it one reduction
+    after the whole backward (``bulk``)."""
     source: str = ""
     """Where the settings come from (the framework's source and flags)."""
 
@@ -85,7 +95,7 @@ class Framework:
                 if isinstance(value, str) and _is_number(value):
                     hint = f" (text: YAML reads {value} as a string; write it with a decimal point, e.g. 1.0e-5)"
                 raise FrameworkError(f"framework {self.name!r}: {name} must be seconds in [0, 1), got {value!r}{hint}")
-        for name in ("cuda_graphs", "tp_comm_overlap"):
+        for name in ("cuda_graphs", "tp_comm_overlap", "overlap_grad_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise FrameworkError(f"framework {self.name!r}: {name} must be true or false")
         for name, low in (("comm_sms", 0), ("tp_comm_overlap_chunks", 1)):
@@ -124,6 +134,16 @@ class Framework:
         total = max(gemm, comm_s) + min(gemm, comm_s) / self.tp_comm_overlap_chunks
         return gemm, total - gemm
 
+    def synchronised(self, strategy: Strategy, grad_bytes: float) -> Strategy:
+        """`strategy` with this framework's gradient synchronisation where the strategy leaves it at its default
+        (``bulk``): with :attr:`overlap_grad_reduce` and data parallelism, Megatron-Core's buckets (``ddp`` mode, a
+        bucket of ``max(40e6, 1e6 x dp)`` parameters of `grad_bytes` each, the first as large as the rest:
+        ``megatron/core/distributed/distributed_data_parallel.py``), else unchanged."""
+        if not self.overlap_grad_reduce or strategy.dp == 1 or strategy.grad_sync != "bulk":
+            return strategy
+        params = max(MEGATRON_BUCKET_PARAMS, 1_000_000 * strategy.dp)
+        return strategy.with_(grad_sync="ddp", bucket_cap_mb=params * grad_bytes / MIB)
+
     def apply(self, model: Model) -> Model:
         """The model with this framework's attention kernel (its time and its stored activations)."""
         return with_attention(model, self.attention)
@@ -138,6 +158,8 @@ class Framework:
         if self.tp_comm_overlap:
             parts.append(f"tensor-parallel communication overlapped with GEMMs in {self.tp_comm_overlap_chunks} "
                          "chunks")  # fmt: skip
+        if self.overlap_grad_reduce:
+            parts.append("gradients reduced in 40M-parameter buckets during backward")
         return "; ".join(parts)
 
 
@@ -170,10 +192,11 @@ Engine's userbuffers give a pipelined reduce-scatter 16 SMs too (its default ``n
 
 for _framework in (
     Framework("megatron-core", "flash", comm_sms=NCCL_SMS, source=_MEGATRON_SOURCE),
-    Framework("megatron-core-overlap", "flash", comm_sms=NCCL_SMS, tp_comm_overlap=True,
+    Framework("megatron-core-overlap", "flash", comm_sms=NCCL_SMS, tp_comm_overlap=True, overlap_grad_reduce=True,
               source=_MEGATRON_SOURCE + "; with --tp-comm-overlap (Transformer Engine userbuffers: all-gather and "
-                     "reduce-scatter pipelined with the GEMMs beside them; needs --sequence-parallel), as NVIDIA's "
-                     "performance recipes launch it"),
+                     "reduce-scatter pipelined with the GEMMs beside them; needs --sequence-parallel) and "
+                     "--overlap-grad-reduce (bucketed gradient reduction during backward), as NVIDIA's performance "
+                     "recipes launch it"),
     Framework("megatron-lm-2021", "fused_softmax", comm_sms=NCCL_SMS,
               source="Megatron-LM v2-v3 (2021-22, Narayanan et al. and Korthikanti et al.'s runs): "
                      "--masked-softmax-fusion (megatron/model/fused_softmax.py, scores stored), fused bias-GeLU and "

@@ -28,7 +28,7 @@ from distsim.core.schedules import Action, build_schedule
 from distsim.core.sync import SHARDINGS, Bucket, Lowered, lower
 from distsim.plans.plan import Plan, PlanError
 from distsim.sim.costs import CostSource
-from distsim.sim.flow.comm import CommWriter, models_host, prefetch_gates
+from distsim.sim.flow.comm import CommWriter, compute_after, models_host, prefetch_gates
 from distsim.sim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
 from distsim.sim.flow.recompute import recomputed_layers
@@ -119,6 +119,7 @@ class _PlanBuilder(CommWriter):
                     self.last_b[a.stage] = a.microbatch
         gpn = flow.cluster.gpus_per_node
         self.dp_group = [group_instances([tuple(d)], gpn)[0] for d in self.devices]
+        self.after: dict[int, dict[int, float]] = {}  # per stage: backward compute after each layer's (last mb)
         self.sync = [self._lower_sync(s) if len(self.devices[s]) > 1 else None for s in range(self.num_stages)]
         # ZeRO-3: each replicated stage's layers' parameter bytes, all-gathered before every forward and backward
         self.gathered = [self.layer_param_bytes(self.held[s], 1) if len(self.devices[s]) > 1
@@ -131,6 +132,7 @@ class _PlanBuilder(CommWriter):
         for op in self.template(s, hi - lo)["B"]:
             backward[op.layer] = backward.get(op.layer, 0.0) + op.dur
         ctx = self.sync_context(self.held[s], 1, self.dp_group[s], backward, {})
+        self.after[s] = compute_after(ctx)
         strategy = self.flow.strategy
         return lower(strategy.grad_sync, ctx, strategy.optimizer_sharding)
 
@@ -248,7 +250,9 @@ class _PlanBuilder(CommWriter):
         layer = -1 if bucket.ready is None else bucket.ready
         overlap = layer >= 0 and layer != min(self.held[s])
         name = self.bucket_name(lowered, bucket, s)
-        self.dp_collective(lowered.collective, self.dp_group[s], bucket.nbytes, name, layer, s, deps, overlap)
+        beside = self.after[s].get(layer, 0.0) if overlap else 0.0
+        self.dp_collective(lowered.collective, self.dp_group[s], bucket.nbytes, name, layer, s, deps, overlap,
+                           compute_s=beside)  # fmt: skip
 
     def finish(self) -> None:
         """Per-stage gradient all-reduce (buckets that wait for the whole backward), tied copies' all-reduce, then

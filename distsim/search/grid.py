@@ -28,7 +28,7 @@ from distsim.core.sync import DDP_BUCKET_CAP_MB
 from distsim.plans.simulate import simulate
 from distsim.search.pool import imap_unordered
 from distsim.search.space import Skipped, cluster_for, enumerate_strategies
-from distsim.sim.costs import AnalyticCosts, CostSource
+from distsim.sim.costs import AnalyticCosts, CostSource, framework_of
 from distsim.sim.flow.events import FlowOptions, resolve_partition
 from distsim.sim.memory import estimate_memory
 
@@ -50,7 +50,9 @@ class GridSpec:
     """Pipeline degrees to try; None: every divisor."""
     virtual_stages: int = 2
     """Model chunks per rank for the interleaved schedule."""
-    grad_sync: str = "bulk"
+    grad_sync: str | None = None
+    """Gradient synchronisation of every configuration; None: the cost source's framework's (bulk, or Megatron's
+    buckets under ``overlap_grad_reduce``: :meth:`~distsim.core.framework.Framework.synchronised`)."""
     recompute_modes: tuple[str, ...] = ("none",)
     """Activation recomputation modes to try (none, selective, full)."""
     sharding_modes: tuple[str, ...] = ("none",)
@@ -254,10 +256,13 @@ def grid_search(
     options = options or FlowOptions()
     strategies, skipped = enumerate_strategies(
         model, cluster, spec.gpus, spec.global_batch, spec.micro_batch_sizes, spec.schedules, spec.virtual_stages,
-        spec.grad_sync, spec.tp_degrees, spec.pp_degrees, spec.even_stages,
+        spec.grad_sync or "bulk", spec.tp_degrees, spec.pp_degrees, spec.even_stages,
     )  # fmt: skip
     if spec.bucket_cap_mb != DDP_BUCKET_CAP_MB:
         strategies = [s.with_(bucket_cap_mb=spec.bucket_cap_mb) for s in strategies]
+    if spec.grad_sync is None:
+        framework = framework_of(costs)
+        strategies = [framework.synchronised(s, model.precision.grad_bytes) for s in strategies]
     strategies = with_memory_modes(strategies, spec.recompute_modes, spec.sharding_modes)
     if not strategies:
         reasons = Counter(k.reason for k in skipped).most_common(1)

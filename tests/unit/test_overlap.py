@@ -134,18 +134,22 @@ def _wfbp_chain() -> tuple[Model, object]:
 
 
 def test_overlapped_gradient_reduction_slows_the_backward_beside_it() -> None:
-    """Each WFBP all-reduce but the last overlaps backward: with 25 of 100 SMs held, the compute stream carries a
-    shadow of a quarter of each such all-reduce; holding more SMs is never faster."""
+    """Each WFBP all-reduce (25 ms) but the last overlaps backward. Holding s of 100 SMs, compute runs at (100 - s)
+    percent while it does: the compute stream carries a shadow of s % of the all-reduce's 25 ms, but never more than
+    the backward left beside it takes longer, c = s / (100 - s) of it (60, 40 and 20 ms after layers 3, 2 and 1).
+    Holding more SMs is never faster."""
     model, cluster = _wfbp_chain()
     strategy = Strategy(dp=2, grad_sync="wfbp")
+    allreduce_s = 2 * (2 - 1) / 2 * 50e6 / 2e9
     times = []
     for sms in (0, 10, 25, 50):
         fw = Framework("held", comm_sms=sms, host_op_s=0.0, host_backward_op_s=0.0)
         costs = AnalyticCosts(cluster, framework=fw)
         flow = build_flow(model, cluster, strategy, costs)
         shadows = [flow.duration_s[i] for i, k in enumerate(flow.kind) if k == K_SHADOW]
-        allreduce_s = 2 * (2 - 1) / 2 * 50e6 / 2e9
-        assert shadows == pytest.approx([allreduce_s * sms / 100] * len(shadows) if sms else [])
+        c = sms / (100 - sms)
+        expected = [min(allreduce_s * sms / 100, after * c) for after in (60e-3, 40e-3, 20e-3)] if sms else []
+        assert shadows == pytest.approx(expected)
         times.append(simulate(model, cluster, strategy, costs).iteration_time_s)
     assert times == sorted(times) and times[0] < times[-1]
 
@@ -170,3 +174,31 @@ def test_the_summary_names_the_framework_it_charged(capsys: pytest.CaptureFixtur
     assert code == 0 and "framework          megatron-core: flash attention" in out
     code, out, _ = run_cli([*base, "--framework", "megatron-core-overlap", "--json"], capsys)
     assert code == 0 and '"framework": "megatron-core-overlap"' in out
+
+
+def test_overlap_grad_reduce_is_megatrons_buckets() -> None:
+    """--overlap-grad-reduce: buckets of max(40 M, 1 M x dp) parameters, reduced during backward (ddp mode, the first
+    bucket as large as the rest); only where the strategy leaves synchronisation at its default and has dp > 1."""
+    fw = get_framework("megatron-core-overlap")
+    assert fw.overlap_grad_reduce and not get_framework("megatron-core").overlap_grad_reduce
+    s = fw.synchronised(Strategy(dp=8), 2)
+    assert (s.grad_sync, s.bucket_cap_mb) == ("ddp", pytest.approx(40e6 * 2 / 2**20))
+    assert fw.synchronised(Strategy(dp=64), 4).bucket_cap_mb == pytest.approx(64e6 * 4 / 2**20)
+    assert fw.synchronised(Strategy(dp=1), 2) == Strategy(dp=1)
+    assert fw.synchronised(Strategy(dp=8, grad_sync="wfbp"), 2).grad_sync == "wfbp"
+    assert get_framework("megatron-core").synchronised(Strategy(dp=8), 2) == Strategy(dp=8)
+
+
+def test_the_cli_applies_the_frameworks_synchronisation_unless_given(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.util import run_cli
+
+    base = ["simulate", "--model", "gpt2-345m", "--cluster", "dgx-a100", "--nodes", "1", "--strategy", "1M1P8D",
+            "--framework", "megatron-core-overlap"]  # fmt: skip
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0 and "sync=ddp" in out
+    code, out, _ = run_cli([*base, "--grad-sync", "bulk"], capsys)
+    assert code == 0 and "sync=" not in out
+    code, out, _ = run_cli(["search", "grid", "--model", "gpt2-345m", "--cluster", "dgx-a100", "--nodes", "1",
+                            "--global-batch", "8", "--tp", "1", "--pp", "1", "--framework", "megatron-core-overlap",
+                            "--plan-out", ""], capsys)  # fmt: skip
+    assert code == 0 and "sync=ddp" in out

@@ -6,6 +6,7 @@ network task (:meth:`CommWriter.network_task`), whose NIC shares the engine deci
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from distsim.core.cluster import Cluster
@@ -94,11 +95,13 @@ class CommWriter:
             use = self._net[known] = NetUse(usage, latency, (dur - latency) * rate, rate, cap)
         flow.network[tid] = use
 
-    def overlapped(self, dur: float, scope: str) -> tuple[float, float]:
-        """(duration, shadow) of a transfer that overlaps compute, from the measured interference of its scope."""
+    def overlapped(self, dur: float, scope: str, compute_s: float = math.inf) -> tuple[float, float]:
+        """(duration, shadow) of a transfer that overlaps compute, from the interference of its scope (compute
+        slowed by c, the transfer by k): compute loses c / (1 + c) of the transfer's time, but no more than the
+        compute that runs beside it (`compute_s`, where known) takes longer: c x compute_s."""
         c, k = self.costs.interference(scope)
         longer = dur * (1 + k)
-        return longer, longer * c / (1 + c)
+        return longer, min(longer * c / (1 + c), compute_s * c)
 
     def shadow(self, seconds: float, gpus: tuple[int, ...], deps: list[int], stage: int, mb: int, key: int) -> None:
         if seconds <= 0:
@@ -140,10 +143,12 @@ class CommWriter:
         return self.dp_collective("all_reduce", inst, nbytes, name, layer, stage, deps, overlap)
 
     def dp_collective(self, collective: str, inst: CommInstance, nbytes: int, name: str, layer: int, stage: int,
-                      deps: list[int], overlap: bool, mb: int = -1, gradients: bool = True) -> int:  # fmt: skip
+                      deps: list[int], overlap: bool, mb: int = -1, gradients: bool = True,
+                      compute_s: float = math.inf) -> int:  # fmt: skip
         """A collective over a data-parallel group `inst.gpus` after `deps`; `overlap`: compute still runs while it
-        is in flight. Gradients go on the ``dp`` stream (the optimizer step waits for the last of them), parameter
-        all-gathers on the ``gather`` stream (FSDP runs them beside the reduce-scatters)."""
+        is in flight (`compute_s` of it, where known: what interference can slow). Gradients go on the ``dp``
+        stream (the optimizer step waits for the last of them), parameter all-gathers on the ``gather`` stream (FSDP
+        runs them beside the reduce-scatters)."""
         flow = self.flow
         ev = CommEvent(collective, nbytes, len(inst.gpus), inst.scope, self.sharers(inst))
         cost = self.costs.comm(ev)
@@ -151,7 +156,7 @@ class CommWriter:
         members = tuple(g for g in inst.gpus if g in self.speed)
         dur, shadow = cost.seconds, 0.0
         if overlap:
-            dur, shadow = self.overlapped(cost.seconds, inst.scope)
+            dur, shadow = self.overlapped(cost.seconds, inst.scope, compute_s)
         slots = self.comm_slots(S_DP if gradients else S_GATHER, inst.scope, members)
         tid = flow.add(dur, slots, K_DP, name, layer, stage, mb, key, list(deps))
         if self.fair:
@@ -249,6 +254,18 @@ class CommWriter:
         optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
         """
         return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+
+
+def compute_after(ctx: SyncContext) -> dict[int, float]:
+    """Backward compute a data-parallel rank still runs, in its last micro-batch, after each layer's backward: what
+    an all-reduce issued there can overlap (and interference slow). From the units' backward times, in backward
+    order."""
+    out: dict[int, float] = {}
+    left = sum(u.backward_s for u in ctx.units)
+    for u in ctx.units:
+        left -= u.backward_s
+        out[u.layer] = max(0.0, left)
+    return out
 
 
 def prefetch_gates(ops: Sequence[StageOp]) -> dict[int, int]:

@@ -32,7 +32,7 @@ from distsim.core.sync import (
     tensor_bytes,
 )
 from distsim.sim.costs import CostSource
-from distsim.sim.flow.comm import CommWriter, models_host, prefetch_gates
+from distsim.sim.flow.comm import CommWriter, compute_after, models_host, prefetch_gates
 from distsim.sim.flow.events import (
     K_TP,
     S_COMPUTE,
@@ -209,6 +209,7 @@ class _Builder(CommWriter):
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
+        self.after: list[dict[int, float]] = []  # per pipeline rank: backward compute after each layer's (last mb)
         self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
         # ZeRO-3: each rank's layers' parameter bytes, all-gathered before every forward and backward
         per_layer = self.dp > 1 and self.sharding.gather_per_layer
@@ -217,7 +218,9 @@ class _Builder(CommWriter):
     def _lower_sync(self, r: int) -> Lowered:
         """Pipeline rank r's gradient buckets (the same for every data-parallel replica and tp rank)."""
         s = self.flow.strategy
-        return lower(s.grad_sync, self.sync_context_of(r), s.optimizer_sharding)
+        ctx = self.sync_context_of(r)
+        self.after.append(compute_after(ctx))
+        return lower(s.grad_sync, ctx, s.optimizer_sharding)
 
     def sync_context_of(self, r: int) -> SyncContext:
         """What gradient synchronisation sees of pipeline rank r: its layers, their backward times, its dp group."""
@@ -477,8 +480,9 @@ class _Builder(CommWriter):
         layer = -1 if bucket.ready is None else bucket.ready
         instances = self.placement.dp_groups(r)
         overlap = layer >= 0 and layer != min(self.rank_layers[r])  # backward still runs while it is in flight
+        beside = self.after[r].get(layer, 0.0) if overlap else 0.0
         return [self.dp_collective(lowered.collective, instances[t], bucket.nbytes, name, layer, stage, per_t[t],
-                                   overlap) for t in self.lanes_t]  # fmt: skip
+                                   overlap, compute_s=beside) for t in self.lanes_t]  # fmt: skip
 
     def rank_shard_params(self, r: int) -> float:
         return self.flow.model.rank_params(sorted(self.rank_layers[r]), self.tp)
