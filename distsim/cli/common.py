@@ -263,10 +263,11 @@ def framework_option(f: Any) -> Any:
         "--framework", "framework_name", default=None, metavar="NAME|FILE",
         cls=RegistryHelpOption, registry=FRAMEWORKS,
         help="The training framework the run uses: its attention kernel (time and memory), its host time per "
-        "kernel, the SMs its communication kernels take from overlapped compute, and Megatron's --tp-comm-overlap "
-        "and --overlap-grad-reduce, for the analytic estimates. A preset ({names}) or a YAML/JSON file {name, "
-        "base, attention, host_op_s, host_backward_op_s, cuda_graphs, comm_sms, tp_comm_overlap, "
-        "tp_comm_overlap_chunks, overlap_grad_reduce}; `distsim frameworks` describes the presets. [default: "
+        "kernel, the SMs its communication kernels take from overlapped compute, and Megatron's --tp-comm-overlap, "
+        "--overlap-grad-reduce and --overlap-param-gather, for the analytic estimates. A preset ({names}) or a "
+        "YAML/JSON file {name, base, attention, host_op_s, host_backward_op_s, cuda_graphs, comm_sms, "
+        "tp_comm_overlap, tp_comm_overlap_chunks, overlap_grad_reduce, overlap_param_gather}; `distsim frameworks` "
+        "describes the presets. [default: "
         f"{DEFAULT_FRAMEWORK}'s host time and communication SMs, with the attention the model states (flash unless "
         "its spec says attention=...); `search deeppool` and burst plans: deeppool, DeepPool's runtime; "
         "`--framework ideal`: the GPU's launch per kernel only, overlap free]",

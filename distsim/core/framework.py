@@ -77,6 +77,13 @@ class Framework:
     tp_comm_overlap_chunks: int = 4
     """Chunks a pipelined tensor-parallel collective and its GEMM are split into (Transformer Engine's userbuffers
     ``num_splits`` default, 4): the pair then takes max(GEMM, collective) + min(GEMM, collective) / chunks."""
+    overlap_param_gather: bool = False
+    """Megatron's ``--overlap-param-gather`` (with the distributed optimizer, ``zero1``/``zero2``): each bucket's
+    parameter all-gather after the optimizer step runs beside the next iteration's forward, which waits, layer by
+    layer, only for its own bucket; in the steady state the flow issues them at the iteration's start, in forward
+    order, and the first micro-batch's forward of each layer waits for its bucket. Megatron requires
+    ``--overlap-grad-reduce`` with it: with one bucket (``bulk``) the first layer waits for all of it. Strategies
+    only (a stages plan gathers after the step)."""
     overlap_grad_reduce: bool = False
     """Megatron's ``--overlap-grad-reduce``: gradients are reduced in buckets of max(40 M, 1 M x dp) parameters, each
     as soon as its last gradient is ready in the last micro-batch (:meth:`synchronised`); without it one reduction
@@ -95,7 +102,7 @@ class Framework:
                 if isinstance(value, str) and _is_number(value):
                     hint = f" (text: YAML reads {value} as a string; write it with a decimal point, e.g. 1.0e-5)"
                 raise FrameworkError(f"framework {self.name!r}: {name} must be seconds in [0, 1), got {value!r}{hint}")
-        for name in ("cuda_graphs", "tp_comm_overlap", "overlap_grad_reduce"):
+        for name in ("cuda_graphs", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise FrameworkError(f"framework {self.name!r}: {name} must be true or false")
         for name, low in (("comm_sms", 0), ("tp_comm_overlap_chunks", 1)):
@@ -160,6 +167,8 @@ class Framework:
                          "chunks")  # fmt: skip
         if self.overlap_grad_reduce:
             parts.append("gradients reduced in 40M-parameter buckets during backward")
+        if self.overlap_param_gather:
+            parts.append("sharded parameters gathered beside the next forward")
         return "; ".join(parts)
 
 
@@ -193,10 +202,12 @@ Engine's userbuffers give a pipelined reduce-scatter 16 SMs too (its default ``n
 for _framework in (
     Framework("megatron-core", "flash", comm_sms=NCCL_SMS, source=_MEGATRON_SOURCE),
     Framework("megatron-core-overlap", "flash", comm_sms=NCCL_SMS, tp_comm_overlap=True, overlap_grad_reduce=True,
+              overlap_param_gather=True,
               source=_MEGATRON_SOURCE + "; with --tp-comm-overlap (Transformer Engine userbuffers: all-gather and "
                      "reduce-scatter pipelined with the GEMMs beside them; needs --sequence-parallel) and "
-                     "--overlap-grad-reduce (bucketed gradient reduction during backward), as NVIDIA's performance "
-                     "recipes launch it"),
+                     "--overlap-grad-reduce (bucketed gradient reduction during backward) and --overlap-param-gather "
+                     "(the distributed optimizer's all-gathers beside the next forward), as NVIDIA's performance "
+                     "recipes launch them"),
     Framework("megatron-lm-2021", "fused_softmax", comm_sms=NCCL_SMS,
               source="Megatron-LM v2-v3 (2021-22, Narayanan et al. and Korthikanti et al.'s runs): "
                      "--masked-softmax-fusion (megatron/model/fused_softmax.py, scores stored), fused bias-GeLU and "

@@ -202,3 +202,44 @@ def test_the_cli_applies_the_frameworks_synchronisation_unless_given(capsys: pyt
                             "--global-batch", "8", "--tp", "1", "--pp", "1", "--framework", "megatron-core-overlap",
                             "--plan-out", ""], capsys)  # fmt: skip
     assert code == 0 and "sync=ddp" in out
+
+
+def _sharded_chain() -> tuple[Model, object, Strategy]:
+    """Four 10 ms / 20 ms layers of 25 M fp16 parameters, each its own gradient bucket, on 2 data-parallel GPUs
+    with a sharded optimizer (zero1): each bucket's 50 MB of parameters is all-gathered after the step (12.5 ms)."""
+    model, cluster = _wfbp_chain()
+    return model, cluster, Strategy(dp=2, grad_sync="wfbp", optimizer_sharding="zero1")
+
+
+def test_overlap_param_gather_issues_the_gathers_beside_the_first_forward() -> None:
+    """--overlap-param-gather: no all-gather after the step; each runs from the iteration's start, in forward order,
+    and each layer's first forward waits for its own bucket only: shorter than gathering after the step, and no
+    shorter than the compute."""
+    from distsim.sim.flow.events import K_DP, K_FWD
+
+    model, cluster, strategy = _sharded_chain()
+    plain = Framework("plain", host_op_s=0.0, host_backward_op_s=0.0)
+    overlap = replace(plain, overlap_param_gather=True)
+    after = simulate(model, cluster, strategy, AnalyticCosts(cluster, framework=plain))
+    beside = simulate(model, cluster, strategy, AnalyticCosts(cluster, framework=overlap))
+    flow = beside.flow
+    gathers = [i for i, k in enumerate(flow.kind) if k == K_DP and flow.name[i].startswith("params")]
+    assert len(gathers) == 4 and all(flow.deps[i] == [] for i in gathers[:1])
+    assert [flow.layer[i] for i in gathers] == [0, 1, 2, 3]  # forward order
+    first_forward = {flow.layer[i]: i for i in reversed(range(len(flow))) if flow.kind[i] == K_FWD}
+    for g in gathers:
+        assert g in flow.deps[first_forward[flow.layer[g]]]
+    gather_s = 50e6 * (2 - 1) / 2 / 2e9
+    assert after.iteration_time_s - beside.iteration_time_s > gather_s  # at least one gather no longer trails
+    assert beside.iteration_time_s >= 4 * (10e-3 + 20e-3)
+
+
+def test_the_task_estimate_counts_the_prefetched_gathers() -> None:
+    from distsim.plans.simulate import estimate_size
+
+    model, cluster, strategy = _sharded_chain()
+    for sms in (0, 16):
+        fw = Framework("pg", comm_sms=sms, overlap_param_gather=True, host_op_s=0.0, host_backward_op_s=0.0)
+        costs = AnalyticCosts(cluster, framework=fw)
+        tasks, _ = estimate_size(model, cluster, strategy, costs)
+        assert tasks == len(simulate(model, cluster, strategy, costs).flow)

@@ -31,8 +31,8 @@ from distsim.core.sync import (
     lower,
     tensor_bytes,
 )
-from distsim.sim.costs import CostSource
-from distsim.sim.flow.comm import CommWriter, compute_after, models_host, prefetch_gates
+from distsim.sim.costs import CostSource, framework_of
+from distsim.sim.flow.comm import CommWriter, compute_after, gather_name, models_host, prefetch_gates
 from distsim.sim.flow.events import (
     K_TP,
     S_COMPUTE,
@@ -153,6 +153,8 @@ def estimate_tasks(
             grads += tl * (during + overlapped * dl * shadows + after)
             if sharding.gather_after_step:  # one parameter all-gather per bucket
                 grads += tl * (during + after)
+                if framework_of(costs).overlap_param_gather:  # beside the first forward: interference shadows
+                    grads += tl * (during + after) * dl * shadows
             if sharding.gather_per_layer:  # every layer with parameters, before each forward and each backward
                 gathered = sum(round(model.stored_params(i, held, strategy.tp) * model.precision.param_bytes) > 0
                                for i in held)  # fmt: skip
@@ -211,6 +213,10 @@ class _Builder(CommWriter):
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
         self.after: list[dict[int, float]] = []  # per pipeline rank: backward compute after each layer's (last mb)
         self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
+        self.prefetch = bool(self.sync) and self.sharding.gather_after_step and framework_of(costs).overlap_param_gather
+        """--overlap-param-gather: the ZeRO-1/2 all-gathers issued at the start, beside the first forward."""
+        self.prefetched: dict[tuple[int, int], dict[int, int]] = {}  # (rank, layer) -> tp rank -> its all-gather
+        self.prefetched_ranks: set[int] = set()
         # ZeRO-3: each rank's layers' parameter bytes, all-gathered before every forward and backward
         per_layer = self.dp > 1 and self.sharding.gather_per_layer
         self.gathered = [self.layer_param_bytes(held, self.tp) for held in self.rank_layers] if per_layer else []
@@ -277,7 +283,9 @@ class _Builder(CommWriter):
         """Emit one schedule action on every simulated replica of pipeline rank r."""
         final = self.dp > 1 and a.op == "B" and self.last_b[a.stage] == a.microbatch
         cuts = self.sync[r].cuts if final else frozenset()
-        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1 and not self.gathered:
+        if self.prefetch and a.op == "F" and a.microbatch == 0 and r not in self.prefetched_ranks:
+            self._prefetch_params(r)
+        if len(self.lanes_d) == 1 and len(self.lanes_t) == 1 and not self.gathered and not self.prefetch:
             self._action_on_one_gpu(r, a, cuts)
         else:
             self._action_on_lanes(r, a, cuts)
@@ -319,8 +327,11 @@ class _Builder(CommWriter):
                 hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
                               for j, g in enumerate(gpus)])  # fmt: skip
             launch_ends = launch_offsets(ops0, cuts)[0]
+        waits = self.prefetch and a.op == "F" and a.microbatch == 0
         for idx in range(n_ops):
             params = self._gather_params(r, a, ops0[idx].layer, gates[idx], lanes, ends) if idx in gates else {}
+            if waits and (idx == 0 or ops0[idx - 1].layer != ops0[idx].layer):  # a layer's first op: its bucket
+                params = self.prefetched.get((r, ops0[idx].layer), params)
             for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
                 if op.kind == K_TP:
@@ -354,6 +365,21 @@ class _Builder(CommWriter):
                     self.grad_allreduce(r, a.stage, per_t, bucket)
         for d, gpus, _ops, _frontier, last in lanes:
             self.send(r, a, d, gpus, last)
+
+    def _prefetch_params(self, r: int) -> None:
+        """--overlap-param-gather on pipeline rank r: the all-gathers of its buckets' parameters (one per tp rank,
+        over the replicas) at the iteration's start, in forward order (the bucket of its first layers first), beside
+        the forward; each layer's first forward waits for its bucket's (:attr:`prefetched`)."""
+        self.prefetched_ranks.add(r)
+        lowered = self.sync[r]
+        instances = self.placement.dp_groups(r)
+        for bucket in reversed(lowered.gathers):
+            name = gather_name(self.bucket_name(lowered, bucket, r))
+            layer = -1 if bucket.ready is None else bucket.ready
+            tasks = {t: self.dp_collective("all_gather", instances[t], self.param_bytes(bucket.nbytes), name, layer,
+                                           r, [], True, 0, gradients=False) for t in self.lanes_t}  # fmt: skip
+            for held in bucket.layers:
+                self.prefetched[(r, held)] = tasks
 
     def _last_compute(self, g: int) -> list[int]:
         last = self.flow._last.get((g, S_COMPUTE))
@@ -505,7 +531,7 @@ class _Builder(CommWriter):
         for r in range(self.pp):
             gpus = [int(self.grid[r, d, t]) for d in self.lanes_d for t in self.lanes_t]
             steps = self.optimizer_step(r, self.rank_shard_params(r) / share, gpus)
-            if self.sync:
+            if self.sync and not self.prefetch:  # with --overlap-param-gather they ran beside the first forward
                 instances = self.placement.dp_groups(r)
                 self.gather_after_step(self.sync[r], r, [instances[t] for t in self.lanes_t], steps, r)
 
