@@ -51,12 +51,14 @@ SUPPORTED_OPS = TRANSFORMER_OPS + CNN_OPS
 
 def torch_dtype(precision_name: str, device: torch.device | str) -> torch.dtype:
     """The torch dtype a precision computes in: fp32 -> float32; fp16-mixed -> float16 on accelerators, bfloat16 on
-    CPU (CPU fp16 matmuls are slow and would not represent half-precision training)."""
+    CPU (CPU fp16 matmuls are slow and would not represent half-precision training); bf16-mixed -> bfloat16."""
     if precision_name == "fp32":
         return torch.float32
     if precision_name == "fp16-mixed":
         return torch.bfloat16 if torch.device(device).type == "cpu" else torch.float16
-    raise ValueError(f"unknown precision {precision_name!r} (expected fp32 or fp16-mixed)")
+    if precision_name == "bf16-mixed":
+        return torch.bfloat16
+    raise ValueError(f"unknown precision {precision_name!r} (expected fp32, fp16-mixed or bf16-mixed)")
 
 
 # ---------------------------------------------------------------------------------------------------- modules

@@ -52,8 +52,10 @@ class Precision:
 
 
 FP16_MIXED = Precision()
+BF16_MIXED = Precision(name="bf16-mixed")
+"""bf16 weights and activations with fp32 master weights and Adam states: fp16-mixed's bytes (Megatron's --bf16)."""
 FP32 = Precision(name="fp32", act_bytes=4, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
-PRECISIONS = {p.name: p for p in (FP16_MIXED, FP32)}
+PRECISIONS = {p.name: p for p in (FP16_MIXED, BF16_MIXED, FP32)}
 
 
 @dataclass(frozen=True)

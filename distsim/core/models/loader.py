@@ -4,7 +4,10 @@ Two forms, which may be combined (the transformer stack first, then the listed l
 
     name: tiny-gpt
     transformer: {layers: 4, hidden: 512, heads: 8, seq: 256, vocab: 32000}   # embedding + layers + LM head
-                                     # optional: ffn, attention (flash | unfused | fused_softmax; default flash)
+                                     # optional: ffn, attention (flash | unfused | fused_softmax; default flash),
+                                     # the architecture (distsim.core.models.arch): kv_heads, mlp (gelu | swiglu),
+                                     # norm (layernorm | rmsnorm), position (learned | rope), tied_embeddings,
+                                     # bias, dropout (true | false)
 
     name: what-if
     precision: fp16-mixed            # or fp32
@@ -37,6 +40,7 @@ from typing import Any
 
 from distsim.core.checks import integer, number, positive_int
 from distsim.core.errors import ModelFileError
+from distsim.core.models.arch import ARCH_KEYS, GPT, arch_from_items
 from distsim.core.models.graph import MAX_LAYERS, PRECISIONS, Block, Layer, Model
 from distsim.core.models.ops import check_attention_impl
 from distsim.core.models.transformer import check_dims, decoder_only
@@ -53,7 +57,7 @@ _MODEL_KEYS = {
     "transformer",
     "layers",
 }
-_TRANSFORMER_KEYS = {"layers", "hidden", "heads", "seq", "vocab", "ffn", "attention"}
+_TRANSFORMER_KEYS = {"layers", "hidden", "heads", "seq", "vocab", "ffn", "attention", *ARCH_KEYS}
 _BLOCK_KEYS = {
     "op", "forward_s", "backward_s", "flops", "params", "io_bytes", "tp", "tp_allreduce_bytes",
     "tp_fwd_allreduce_bytes", "tp_bwd_allreduce_bytes", "shape",
@@ -172,9 +176,10 @@ def model_from_dict(data: Any, where: str = "model file") -> Model:
         if missing:
             raise ModelFileError(f"{where}: transformer needs {', '.join(missing)}")
         attention = check_attention_impl(t.get("attention", "flash"), f"{where} transformer")
-        d = check_dims({k: v for k, v in t.items() if k != "attention"}, f"{where} transformer")
+        arch = arch_from_items(GPT, t, f"{where} transformer")
+        d = check_dims({k: v for k, v in t.items() if k != "attention" and k not in ARCH_KEYS}, f"{where} transformer")
         stack = decoder_only(name, d["layers"], d["hidden"], d["heads"], d["seq"], d["vocab"], source="",
-                             f=d.get("ffn"), precision=precision, attention=attention)  # fmt: skip
+                             f=d.get("ffn"), precision=precision, attention=attention, arch=arch)  # fmt: skip
         layers += stack.layers
         constraints += stack.tp_constraints
         pipeline_layers = stack.pipeline_layers

@@ -319,9 +319,10 @@ class MemoryOp:
 
 Op = GemmOp | AttentionOp | MemoryOp
 
-SEQUENCE_PARALLEL_OPS = frozenset({"layernorm", "bias_dropout_add"})
-"""Kernels that Megatron's sequence parallelism runs on 1/tp of the sequence: the layer norms and the dropouts (with
-their bias and residual adds) between the tensor-parallel regions (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5). The
+SEQUENCE_PARALLEL_OPS = frozenset({"layernorm", "rmsnorm", "bias_dropout_add", "residual_add"})
+"""Kernels that Megatron's sequence parallelism runs on 1/tp of the sequence: the layer norms (or RMSNorms) and the
+dropouts (with their bias and residual adds; the residual adds alone without dropout) between the tensor-parallel
+regions (Korthikanti et al. 2022, Sec. 4.2.2, Fig. 5). The
 embedding's position add and dropout stay whole: they are fused here, and the add runs before the embedding's
 reduce-scatter."""
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from distsim.core.checks import positive_int
 from distsim.core.errors import ModelFileError
+from distsim.core.models.arch import GPT, Arch
 from distsim.core.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
 from distsim.core.models.ops import (
     ATTENTION_IMPLS,
@@ -60,33 +61,64 @@ def pad_vocab(vocab: int, multiple: int = 128) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def _layernorm(s: int, h: int, e: int) -> MemoryOp:
-    """A replicated layer norm over s tokens (every tp rank normalises the full hidden state): reads and writes
-    s h elements; backward runs two kernels (input gradient; gamma/beta gradients)."""
-    return MemoryOp("layernorm", float(2 * s * h * e), reduction=True, bwd_kernels=2)
+def _layernorm(s: int, h: int, e: int, norm: str = "layernorm") -> MemoryOp:
+    """A replicated layer norm (or RMSNorm) over s tokens (every tp rank normalises the full hidden state): reads and
+    writes s h elements; backward runs two kernels (input gradient; the scale's (and bias') gradients)."""
+    return MemoryOp(norm, float(2 * s * h * e), reduction=True, bwd_kernels=2)
 
 
-def _bias_dropout_add(s: int, h: int, e: int) -> MemoryOp:
+def _bias_dropout_add(s: int, h: int, e: int, dropout: bool = True) -> MemoryOp:
     """Megatron's fused bias + dropout + residual add after a row-parallel projection, replicated on every tp rank:
-    reads the projection output and the residual, writes the sum and the 1-byte dropout mask (Korthikanti Sec. 4.1)."""
+    reads the projection output and the residual, writes the sum and the 1-byte dropout mask (Korthikanti Sec. 4.1).
+    Without dropout (Llama) the residual add alone: two reads, one write."""
+    if not dropout:
+        return MemoryOp("residual_add", float(3 * s * h * e))
     return MemoryOp("bias_dropout_add", float(s * h * (3 * e + 1)))
 
 
+def _tags(arch: Arch, kv: int, heads: int, *, attention: bool) -> tuple[tuple[str, int], ...]:
+    """What an architecture adds to a block's shape (its event key), only where it differs from GPT's, so that the
+    keys profiles already hold stay as they are: ``kv_heads`` and ``rope`` (attention), ``swiglu`` (MLP),
+    ``rmsnorm``, ``bias=0`` and ``dropout=0`` (both)."""
+    tags: list[tuple[str, int]] = []
+    if attention and kv != heads:
+        tags.append(("kv_heads", kv))
+    if attention and arch.position == "rope":
+        tags.append(("rope", 1))
+    if not attention and arch.mlp == "swiglu":
+        tags.append(("swiglu", 1))
+    if arch.norm == "rmsnorm":
+        tags.append(("rmsnorm", 1))
+    if not arch.bias:
+        tags.append(("bias", 0))
+    if not arch.dropout:
+        tags.append(("dropout", 0))
+    return tuple(tags)
+
+
 def attention_ops(
-    h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True, attention: str = "flash"
-) -> tuple[Op, ...]:
-    """Megatron's attention block as kernels: layer norm, QKV projection (column-parallel), the attention core (heads
-    split) run by `attention` (flash, unfused or fused_softmax), output projection (row-parallel), bias + dropout +
-    residual. A cross-attention block projects Q from the decoder's s tokens and K, V from the encoder's kv_seq
-    positions, unmasked."""
+    h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True, attention: str = "flash",
+    arch: Arch = GPT,
+) -> tuple[Op, ...]:  # fmt: skip
+    """Megatron's attention block as kernels: layer norm (or RMSNorm), QKV projection (column-parallel; with
+    grouped-query attention Q of h and K, V of kv_heads x head_dim each), rotary embeddings on Q and K (rope), the
+    attention core (heads split) run by `attention` (flash, unfused or fused_softmax), output projection
+    (row-parallel), bias + dropout + residual (or the residual add alone). A cross-attention block projects Q from
+    the decoder's s tokens and K, V from the encoder's kv_seq positions, unmasked."""
     name = attention_op_name(attention)
+    d = h // a
+    rope: tuple[Op, ...] = ()
     if kv_seq is None:
-        projections: tuple[Op, ...] = (GemmOp("qkv", s, 3 * h, h, "n", e),)
-        core = AttentionOp(name, a, h // a, s, s, causal, e, attention)
+        kv = arch.groups(a)
+        projections: tuple[Op, ...] = (GemmOp("qkv", s, (a + 2 * kv) * d, h, "n", e),)
+        core = AttentionOp(name, a, d, s, s, causal, e, attention)
+        if arch.position == "rope":  # reads and writes Q and K; its backward rotates the gradients back
+            rope = (MemoryOp("rope", float(2 * s * (a + kv) * d * e), tp="shard", bwd_factor=1.0),)
     else:
         projections = (GemmOp("q", s, h, h, "n", e), GemmOp("kv", kv_seq, 2 * h, h, "n", e))
-        core = AttentionOp(name, a, h // a, s, kv_seq, False, e, attention)
-    return (_layernorm(s, h, e), *projections, core, GemmOp("proj", s, h, h, "k", e), _bias_dropout_add(s, h, e))
+        core = AttentionOp(name, a, d, s, kv_seq, False, e, attention)
+    return (_layernorm(s, h, e, arch.norm), *projections, *rope, core, GemmOp("proj", s, h, h, "k", e),
+            _bias_dropout_add(s, h, e, arch.dropout))  # fmt: skip
 
 
 def attention_shape_tag(attention: str) -> tuple[tuple[str, int], ...]:
@@ -104,62 +136,77 @@ def attention_block(
     kv_seq: int | None = None,
     causal: bool = True,
     attention: str = "flash",
+    arch: Arch = GPT,
 ) -> Block:
     """Self-attention (kv_seq None; causal for a decoder, not for a BERT-style encoder) or cross-attention over
-    kv_seq encoder positions, with its layernorm; its core run by `attention`."""
+    kv_seq encoder positions, with its norm; its core run by `attention`, its projections and norm by `arch`."""
     e = p.act_bytes
+    kv = arch.groups(a) if kv_seq is None else a
+    qkv = (a + 2 * kv) * (h // a)  # output features of the QKV projection
     if kv_seq is None:
-        op, shape = "attention", (("h", h), ("heads", a), ("seq", s))
+        op, shape = "attention", (("h", h), ("heads", a), ("seq", s), *_tags(arch, kv, a, attention=True))
     else:
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
     shape += attention_shape_tag(attention)
     # backward all-reduces the input gradient at f; cross-attention's K/V projection also takes the encoder output
     bwd_bytes = s * h * e if kv_seq is None else (s + kv_seq) * h * e
+    bias = int(arch.bias)
     projections = (
-        [(3 * h * h, True), (3 * h, True)]
+        [(qkv * h, True), *([(qkv, True)] if bias else [])]
         if kv_seq is None
         else [(h * h, True), (h, True), (2 * h * h, True), (2 * h, True)]
     )
+    norm = [(h, False)] * arch.norm_params
     return Block(
         op=op,
         shape=shape,
-        params=4 * h * h + 4 * h + 2 * h,
-        replicated_params=3 * h,  # LayerNorm (2h) and the row-parallel output bias (h) stay whole on every rank
+        params=qkv * h + h * h + bias * (qkv + h) + arch.norm_params * h if kv_seq is None else 4 * h * (h + 1) + 2 * h,
+        replicated_params=(arch.norm_params + bias) * h,  # the norm and the row-parallel output bias stay whole
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(bwd_bytes),
-        ops=attention_ops(h, a, s, e, kv_seq, causal, attention),
-        # LayerNorm weight and bias, the column-parallel QKV (or Q and KV) weight and bias, the row-parallel output
+        ops=attention_ops(h, a, s, e, kv_seq, causal, attention, arch),
+        # the norm's scale (and bias), the column-parallel QKV (or Q and KV) weight and bias, the row-parallel output
         # weight (split) and bias (added once after g: whole on every rank), as the torch module registers them
-        tensors=((h, False), (h, False), *projections, (h * h, True), (h, False)),
+        tensors=(*norm, *projections, (h * h, True), *([(h, False)] if bias else [])),
     )
 
 
-def mlp_ops(h: int, f: int, s: int, e: int) -> tuple[Op, ...]:
-    """Megatron's MLP block as kernels: layer norm, h -> f projection (column-parallel), fused bias + GeLU on the
-    split f features, f -> h projection (row-parallel), bias + dropout + residual."""
-    return (
-        _layernorm(s, h, e),
-        GemmOp("fc1", s, f, h, "n", e),
-        MemoryOp("bias_gelu", float(2 * s * f * e), tp="shard"),
-        GemmOp("fc2", s, h, f, "k", e),
-        _bias_dropout_add(s, h, e),
-    )
+def mlp_ops(h: int, f: int, s: int, e: int, arch: Arch = GPT) -> tuple[Op, ...]:
+    """Megatron's MLP block as kernels: layer norm (or RMSNorm), h -> f projection (column-parallel; SwiGLU: gate
+    and up fused, h -> 2f), fused bias + GeLU on the split f features (SwiGLU: silu(gate) x up, reading 2f and
+    writing f), f -> h projection (row-parallel), bias + dropout + residual (or the residual add alone)."""
+    if arch.mlp == "swiglu":
+        fc1 = GemmOp("fc1", s, 2 * f, h, "n", e)
+        act = MemoryOp("swiglu", float(3 * s * f * e), tp="shard")
+    else:
+        fc1 = GemmOp("fc1", s, f, h, "n", e)
+        act = MemoryOp("bias_gelu" if arch.bias else "gelu", float(2 * s * f * e), tp="shard")
+    return (_layernorm(s, h, e, arch.norm), fc1, act, GemmOp("fc2", s, h, f, "k", e),
+            _bias_dropout_add(s, h, e, arch.dropout))  # fmt: skip
 
 
-def mlp_block(h: int, f: int, s: int, p: Precision) -> Block:
+def mlp_block(h: int, f: int, s: int, p: Precision, arch: Arch = GPT) -> Block:
     e = p.act_bytes
+    up = 2 * f if arch.mlp == "swiglu" else f  # fc1's outputs
+    bias = int(arch.bias)
     return Block(
         op="mlp",
-        shape=(("h", h), ("ffn", f), ("seq", s)),
-        params=2 * h * f + f + h + 2 * h,
-        replicated_params=3 * h,  # LayerNorm and the second projection's bias
+        shape=(("h", h), ("ffn", f), ("seq", s), *_tags(arch, 0, 0, attention=False)),
+        params=(up + f) * h + bias * (up + h) + arch.norm_params * h,
+        replicated_params=(arch.norm_params + bias) * h,  # the norm and the second projection's bias
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
         tp_bwd_allreduce_bytes=float(s * h * e),
-        ops=mlp_ops(h, f, s, e),
-        # LayerNorm, fc1 (column-parallel) weight and bias, fc2 (row-parallel) weight; fc2's bias is whole
-        tensors=((h, False), (h, False), (h * f, True), (f, True), (f * h, True), (h, False)),
+        ops=mlp_ops(h, f, s, e, arch),
+        # the norm, fc1 (column-parallel) weight and bias, fc2 (row-parallel) weight; fc2's bias is whole
+        tensors=(
+            *[(h, False)] * arch.norm_params,
+            (h * up, True),
+            *([(up, True)] if bias else []),
+            (f * h, True),
+            *([(h, False)] if bias else []),
+        ),
     )
 
 
@@ -179,9 +226,10 @@ def transformer_layer(
     cross_kv_seq: int | None = None,
     causal: bool = True,
     attention: str = "flash",
+    arch: Arch = GPT,
 ) -> Layer:
     """One transformer layer: attention (+ cross-attention for a decoder) + MLP, Megatron-split, the attention cores
-    run by `attention` (:data:`~distsim.core.models.ops.ATTENTION_IMPLS`).
+    run by `attention` (:data:`~distsim.core.models.ops.ATTENTION_IMPLS`), the rest by `arch`.
 
     Activations kept for backward per sequence (Korthikanti et al. 2022, Sec. 4.1 and 4.2.1; 2-byte activations,
     scaled for others): sh(10 + 24/t) + C/t with tensor parallelism t, C what the attention cores keep besides Q, K,
@@ -193,16 +241,24 @@ def transformer_layer(
     (Sec. 4.2.2: ``saved_sp_bytes``); of the 24sh + C split over t, the core C is what selective recomputation drops
     (Sec. 5: ``saved_core_bytes``; under flash only the statistics, as checkpointing the flash call drops nothing
     else). A decoder's cross-attention adds its own: 2sh whole, 11sh + its core C (5as kv stored) split.
+
+    Other architectures count the same tensors at their sizes: Q (2sh), K and V (2s kv_heads d each) and the output
+    projection's input (2sh); the MLP's activation input and fc2's input (2sf each; SwiGLU keeps gate and up, 4sf,
+    and their product, 2sf); without dropout no masks (8sh whole instead of 10sh). Multi-head attention with a GeLU
+    MLP of 4h is Korthikanti's 24sh.
     """
     check_attention_impl(attention, f"layer {name!r}")
-    blocks = [attention_block(h, a, s, p, causal=causal, attention=attention)]
+    blocks = [attention_block(h, a, s, p, causal=causal, attention=attention, arch=arch)]
     scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
-    saved, saved_sharded = 10 * s * h * scale, 24 * s * h * scale
+    kv_dims = arch.groups(a) * (h // a)
+    mlp_kept = 6 * f if arch.mlp == "swiglu" else 4 * f
+    saved = (10 if arch.dropout else 8) * s * h * scale
+    saved_sharded = (2 * h + 4 * kv_dims + 2 * h + mlp_kept) * s * scale
     if cross_kv_seq is not None:
         blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq, attention=attention))
         saved += 2 * s * h * scale
         saved_sharded += 11 * s * h * scale
-    blocks.append(mlp_block(h, f, s, p))
+    blocks.append(mlp_block(h, f, s, p, arch))
     core = sum(op.saved_bytes for op in attention_cores(blocks))
     return Layer(
         name=name,
@@ -254,13 +310,16 @@ def with_attention(model: Model, impl: str) -> Model:
     return model.with_layers(tuple(layers)) if changed else model
 
 
-def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) -> tuple[Op, ...]:
+def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True, dropout: bool = True) -> tuple[Op, ...]:
     """Megatron's VocabParallelEmbedding as kernels: every tp rank gathers (masked) rows for all s tokens, so the
     gather is replicated; then the position add and the embedding dropout (2 s h FLOPs). Backward scatters the
     gradient rows (PyTorch's embedding_dense_backward: sort, segment sums, scatter) into a dense vocab/tp x h weight
     gradient that is zero-filled and accumulated into the fp32 main gradient every micro-batch: (e + e + 4 + 4) bytes
-    per weight, whatever the micro-batch size."""
+    per weight, whatever the micro-batch size. Without positions and dropout (Llama) the gather is all."""
     touched = 3 * e + 1 if positions else 2 * e + 1  # gathered (+ position) rows read; sum, 1-byte mask written
+    after: tuple[Op, ...] = ()
+    if positions or dropout:
+        after = (MemoryOp("position_add_dropout", float(s * h * touched), flops=float(2 * s * h)),)
     return (
         MemoryOp("embedding_gather", float(2 * s * h * e), bwd_factor=1.0, bwd_kernels=5),
         MemoryOp(
@@ -271,32 +330,36 @@ def embedding_ops(vocab: int, h: int, s: int, e: int, positions: bool = True) ->
             bwd_kernels=2,
             bwd_fixed_bytes=float(vocab * h * (2 * e + 8)),
         ),
-        MemoryOp("position_add_dropout", float(s * h * touched), flops=float(2 * s * h)),
+        *after,
     )
 
 
-def embedding_layer(name: str, vocab: int, h: int, s: int, p: Precision, positions: bool = True) -> Layer:
+def embedding_layer(
+    name: str, vocab: int, h: int, s: int, p: Precision, positions: bool = True, dropout: bool = True
+) -> Layer:
     """Vocabulary-parallel embedding: params split over tp, one all-reduce of the output in forward.
 
     It keeps its dropout mask, s bytes per hidden unit, which sequence parallelism splits over t (Korthikanti et al.
     2022, Sec. 4.3: sbhp/t for the p micro-batches of the first stage); full recomputation does not re-run it (Megatron
     checkpoints transformer layers only)."""
     e = p.act_bytes
+    mask = float(s * h) if dropout else 0.0
+    tags = () if dropout else (("dropout", 0),)
     block = Block(
         op="embedding",
-        shape=(("vocab", vocab), ("h", h), ("seq", s), ("positions", int(positions))),
+        shape=(("vocab", vocab), ("h", h), ("seq", s), ("positions", int(positions)), *tags),
         params=vocab * h + (s * h if positions else 0),
         replicated_params=s * h if positions else 0,  # learned position embeddings are not vocab-split
         tp="shard",
         tp_fwd_allreduce_bytes=float(s * h * e),
-        ops=embedding_ops(vocab, h, s, e, positions),
+        ops=embedding_ops(vocab, h, s, e, positions, dropout),
         tensors=((vocab * h, True), *([(s * h, False)] if positions else [])),  # word rows split, positions whole
     )
-    return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=float(s * h),
-                 saved_sp_bytes=float(s * h), recomputable=False, inputs=())  # fmt: skip
+    return Layer(name=name, blocks=(block,), out_bytes=float(s * h * e), saved_bytes=mask,
+                 saved_sp_bytes=mask, recomputable=False, inputs=())  # fmt: skip
 
 
-def lm_head_ops(vocab: int, h: int, s: int, e: int) -> tuple[Op, ...]:
+def lm_head_ops(vocab: int, h: int, s: int, e: int, norm: str = "layernorm") -> tuple[Op, ...]:
     """Final layer norm, the logits GEMM (column-parallel over the vocabulary) and Megatron's vocab-parallel fp32
     cross-entropy (megatron/mpu/cross_entropy.py, on ``output.float()``) on the split vocabulary. Its forward passes
     over the s x vocab/tp logits: element-wise, the cast to fp32 (e read, 4 written), subtract the max (8), exp (8)
@@ -305,7 +368,7 @@ def lm_head_ops(vocab: int, h: int, s: int, e: int) -> tuple[Op, ...]:
     kept softmax by the loss gradient (8) and casts it back (4 + e), 12 + e bytes per logit in 4 kernels."""
     elementwise, reductions = 24 + e, 8
     return (
-        _layernorm(s, h, e),
+        _layernorm(s, h, e, norm),
         GemmOp("logits", s, vocab, h, "n", e),
         MemoryOp(
             "cross_entropy",
@@ -334,28 +397,31 @@ def lm_head_layer(
     s: int,
     p: Precision,
     inputs: tuple[str, ...] | None = None,
-    tied_to: str = "embedding",
+    tied_to: str | None = "embedding",
+    norm: str = "layernorm",
 ) -> Layer:
     """Final layernorm + output projection to the vocabulary + cross-entropy (vocab-parallel, Megatron).
 
     The projection is column-parallel: backward all-reduces the input gradient (s h elements); the vocab-parallel
     cross-entropy all-reduces three fp32 values per token in forward. Its projection is tied to the word embedding
-    (``tied_params``: the final LayerNorm is its own, with gradients of its own, as in the torch module); the fp32
+    (``tied_params``: the final LayerNorm is its own, with gradients of its own, as in the torch module), unless
+    `tied_to` is None (untied: the projection is its own, Llama's output layer); the fp32
     softmax of the logits is kept for backward. The final layer norm's input (2sh) divides by t with sequence
     parallelism (Korthikanti et al. 2022, Sec. 4.3); full recomputation does not re-run the head (Megatron checkpoints
     transformer layers only).
     """
     e = p.act_bytes
+    norm_params = 2 if norm == "layernorm" else 1
     block = Block(
         op="lm_head",
-        shape=(("vocab", vocab), ("h", h), ("seq", s)),
-        params=vocab * h + 2 * h,
-        replicated_params=2 * h,  # the final LayerNorm
+        shape=(("vocab", vocab), ("h", h), ("seq", s), *((("rmsnorm", 1),) if norm == "rmsnorm" else ())),
+        params=vocab * h + norm_params * h,
+        replicated_params=norm_params * h,  # the final norm
         tp="shard",
-        ops=lm_head_ops(vocab, h, s, e),
+        ops=lm_head_ops(vocab, h, s, e, norm),
         tp_fwd_allreduce_bytes=float(3 * s * 4),
         tp_bwd_allreduce_bytes=float(s * h * e),
-        tensors=((h, False), (h, False), (vocab * h, True)),  # the final LayerNorm (whole), the projection (split)
+        tensors=(*[(h, False)] * norm_params, (vocab * h, True)),  # the final norm (whole), the projection (split)
     )
     return Layer(
         name=name,
@@ -367,7 +433,7 @@ def lm_head_layer(
         recomputable=False,
         inputs=inputs,
         tied_to=tied_to,
-        tied_params=vocab * h,
+        tied_params=vocab * h if tied_to is not None else None,
     )
 
 
@@ -376,9 +442,11 @@ def _impl_note(attention: str) -> str:
     return "" if attention == "flash" else f", {attention} attention"
 
 
-def _tp_constraints(heads: int, h: int, f: int, vocab: int) -> tuple[tuple[str, int], ...]:
-    """Megatron splits heads, the hidden and FFN dimensions and the (padded) vocabulary over tp ranks."""
-    return (("attention heads", heads), ("hidden size", h), ("ffn hidden size", f), ("padded vocab", vocab))
+def _tp_constraints(heads: int, h: int, f: int, vocab: int, kv: int | None = None) -> tuple[tuple[str, int], ...]:
+    """Megatron splits heads (and the key/value groups of grouped-query attention), the hidden and FFN dimensions
+    and the (padded) vocabulary over tp ranks."""
+    groups = (("query groups", kv),) if kv is not None and kv != heads else ()
+    return (("attention heads", heads), *groups, ("hidden size", h), ("ffn hidden size", f), ("padded vocab", vocab))
 
 
 def decoder_only(
@@ -394,26 +462,36 @@ def decoder_only(
     description: str = "",
     causal: bool = True,
     attention: str = "flash",
+    arch: Arch = GPT,
 ) -> Model:
     """GPT-style (or BERT-style encoder-only, causal=False: bidirectional attention) stack: embedding, N layers,
-    LM head; `attention` the kernel of every attention core (flash, unfused, fused_softmax)."""
+    LM head; `attention` the kernel of every attention core (flash, unfused, fused_softmax); `arch` the layer's
+    architecture (:class:`~distsim.core.models.arch.Arch`: GPT's by default, Llama's ...)."""
     check_dims({"layers": layers, "hidden": h, "heads": a, "seq": s, "vocab": vocab, "ffn": f}, f"model {name}")
     check_attention_impl(attention, f"model {name}")
+    try:
+        kv = arch.groups(a)
+    except ModelFileError as exc:
+        raise ModelFileError(f"model {name}: {exc}") from None
     f = f or 4 * h
     v = pad_vocab(vocab)
-    body = [embedding_layer("embedding", v, h, s, precision)]
-    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal, attention=attention)
+    rope = arch.position == "rope"
+    body = [embedding_layer("embedding", v, h, s, precision, positions=not rope, dropout=arch.dropout)]
+    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal, attention=attention, arch=arch)
              for i in range(layers)]  # fmt: skip
-    body.append(lm_head_layer("lm_head", v, h, s, precision))
+    body.append(lm_head_layer("lm_head", v, h, s, precision, tied_to="embedding" if arch.tied_embeddings else None,
+                              norm=arch.norm))  # fmt: skip
+    shape = f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}" + (f", ffn={f}" if f != 4 * h else "")
+    more = arch.describe()
     return Model(
         name=name,
         layers=tuple(body),
         seq_len=s,
-        tp_constraints=_tp_constraints(a, h, f, v),
+        tp_constraints=_tp_constraints(a, h, f, v, kv),
         precision=precision,
         pipeline_layers=layers,
         source=source,
-        description=description or f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}{_impl_note(attention)}",
+        description=description or shape + (f", {more}" if more else "") + _impl_note(attention),
     )
 
 

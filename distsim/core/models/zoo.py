@@ -9,18 +9,23 @@ and traces record exactly which model they describe.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 from distsim.core.errors import ModelFileError, UnknownNameError, suggest
+from distsim.core.models.arch import ARCH_KEYS, GPT, LLAMA, Arch, arch_from_items
 from distsim.core.models.cnn import inception_v3, resnet50, vgg16, vgg19
 from distsim.core.models.graph import PRECISIONS, Model
 from distsim.core.models.ops import check_attention_impl
 from distsim.core.models.transformer import decoder_only, encoder_decoder
 
 GPT3 = "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"
-_DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision", "attention")
+LLAMA3 = (
+    "Meta 2024, 'The Llama 3 Herd of Models', Table 3 (layers, model dimension, FFN dimension, heads, 8 key/value "
+    "heads, vocabulary 128K: 128,256 tokens in the released tokenizer; 8,192-token pre-training context)"
+)
+_DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision", "attention", *ARCH_KEYS)
 _T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision", "attention")
 _CNN_KEYS = ("image", "classes", "precision")
 
@@ -32,22 +37,25 @@ class ZooEntry:
     family: str
     keys: tuple[str, ...]
     """Overrides a spec may give, e.g. seq, layers, precision."""
+    arch: Arch = GPT
+    """A transformer's architecture, which a spec's architecture keys (kv_heads, mlp, ...) change."""
 
 
 def _decoder(
-    name: str, layers: int, h: int, heads: int, seq: int, vocab: int, source: str, causal: bool = True
-) -> ZooEntry:
-    """A decoder-only (GPT, causal attention) or encoder-only (BERT, causal=False) stack."""
+    name: str, layers: int, h: int, heads: int, seq: int, vocab: int, source: str, causal: bool = True,
+    ffn: int | None = None, arch: Arch = GPT, precision: str = "fp16-mixed",
+) -> ZooEntry:  # fmt: skip
+    """A decoder-only (GPT, causal attention) or encoder-only (BERT, causal=False) stack of `arch`'s layers."""
 
     def build(**kw: Any) -> Model:
-        precision = kw.get("precision", PRECISIONS["fp16-mixed"])
         return decoder_only(
             name, kw.get("layers", layers), kw.get("hidden", h), kw.get("heads", heads), kw.get("seq", seq),
-            kw.get("vocab", vocab), source=source, f=kw.get("ffn"), precision=precision, causal=causal,
-            attention=kw.get("attention", "flash"),
+            kw.get("vocab", vocab), source=source, f=kw.get("ffn", ffn),
+            precision=kw.get("precision", PRECISIONS[precision]), causal=causal,
+            attention=kw.get("attention", "flash"), arch=kw.get("arch", arch),
         )  # fmt: skip
 
-    return ZooEntry(build, "transformer", _DECODER_KEYS)
+    return ZooEntry(build, "transformer", _DECODER_KEYS, arch)
 
 
 def _t5(**kw: Any) -> Model:
@@ -83,6 +91,12 @@ _ZOO: dict[str, ZooEntry] = {
     "gpt3-13b": _decoder("gpt3-13b", 40, 5120, 40, 2048, 50257,
                          GPT3 + "; d_model 5120 (the table's 5140 is not divisible by its 40 heads)"),
     "gpt3-175b": _decoder("gpt3-175b", 96, 12288, 96, 2048, 50257, GPT3),
+    "llama3-8b": _decoder("llama3-8b", 32, 4096, 32, 8192, 128256, LLAMA3, ffn=14336,
+                          arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
+    "llama3-70b": _decoder("llama3-70b", 80, 8192, 64, 8192, 128256, LLAMA3, ffn=28672,
+                           arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
+    "llama3-405b": _decoder("llama3-405b", 126, 16384, 128, 8192, 128256, LLAMA3, ffn=53248,
+                            arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
     "vgg16": _cnn(vgg16),
     "vgg19": _cnn(vgg19),
     "resnet50": _cnn(resnet50),
@@ -124,9 +138,14 @@ def get_model(spec: str) -> Model:
     if entry is None:
         raise UnknownNameError(f"unknown model {name!r}{suggest(name, [*ZOO, *ALIASES])}")
     kw: dict[str, Any] = {}
+    arch_items = {k: v for k, v in raw.items() if k in ARCH_KEYS and k in entry.keys}
+    if arch_items:
+        kw["arch"] = arch_from_items(entry.arch, arch_items, f"model {name}")
     for key, value in raw.items():
         if key not in entry.keys:
             raise ModelFileError(f"model {name} takes overrides {', '.join(entry.keys)}; not {key!r}")
+        if key in arch_items:
+            continue
         if key == "precision":
             if value not in PRECISIONS:
                 raise ModelFileError(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
