@@ -58,6 +58,8 @@ class GPU:
     already a measured one)."""
     kernel_latency_s: float = 0.0
     """Device seconds every kernel of a block with ops takes beyond its work (start, first-wave ramp, tail)."""
+    fp8_flops_per_s: float = 0.0
+    """Dense FP8 tensor-core peak, FLOP/s (Hopper and later); 0: no FP8 tensor cores (an fp8 model is refused)."""
 
 
 @dataclass(frozen=True)
@@ -283,9 +285,11 @@ H100_80GB = GPU(
     sm_count=132,
     clock_hz=1.83e9,
     fp32_flops_per_s=67 * TFLOPS,
+    fp8_flops_per_s=1979 * TFLOPS,
     **_MEASURED_H100,
-)  # H100 datasheet: BF16 989 TF dense, FP32 67 TF, 3.35 TB/s; Hopper whitepaper: 132 SMs (SXM5), 4 tensor cores x
-# 1024 dense FP16 FLOPs/clock per SM, so 989 TF at 1830 MHz; micro.log's device reports 132 SMs and a 50 MB L2
+)  # H100 datasheet: BF16 989 TF dense, FP8 1979 TF dense (3958 with sparsity), FP32 67 TF, 3.35 TB/s; Hopper
+# whitepaper: 132 SMs (SXM5), 4 tensor cores x 1024 dense FP16 FLOPs/clock per SM, so 989 TF at 1830 MHz; micro.log's
+# device reports 132 SMs and a 50 MB L2
 
 CPU_CORE = GPU(
     "x86 CPU core (1 thread)",

@@ -315,6 +315,9 @@ def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
     problem = model.tp_problem(strategy.tp)
     if problem:
         raise StrategyError(problem)
+    if model.precision.gemm_bytes == 1 and cluster.gpu.fp8_flops_per_s <= 0:
+        raise StrategyError(f"{model.name} trains in fp8, but {cluster.gpu.name} has no FP8 tensor cores: use an H100 "
+                            "or H200 cluster, or precision=bf16-mixed")  # fmt: skip
     if model.micro_batch_size is not None and strategy.micro_batch_size != model.micro_batch_size:
         raise StrategyError(
             f"{model.name} was profiled at micro-batch size {model.micro_batch_size} (its example batch), not "

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from distsim.core.models.graph import Model
-from distsim.profiler.blocks import BlockModule, build_block, shard_state_from_full
+from distsim.profiler.blocks import BlockModule, shard_state_from_full
+from distsim.profiler.build import build_block
 from distsim.profiler.tp_comm import TPComm
 
 

@@ -18,11 +18,13 @@ A module built with ``tp=1`` has exactly ``block.params`` parameters. One of ``t
 holds ``shard_param_count(block, tp) = (block.params - R) / tp + R`` parameters, where
 ``R = replicated_param_count(block)`` are the parameters Megatron keeps in full on every tp rank:
 
-* attention, cross_attention, mlp: the LayerNorm weight and bias and the row-parallel output bias, ``R = 3h``;
-* embedding: the learned position embedding, ``R = seq * h`` (0 without positions, as T5's embeddings);
-* lm_head: the final LayerNorm, ``R = 2h``.
+* attention, cross_attention, mlp: the LayerNorm weight and bias and the row-parallel output bias, ``R = 3h``
+  (RMSNorm: a scale alone; ``bias=0``: no output bias);
+* embedding: the learned position embedding, ``R = seq * h`` (0 without positions, as T5's and Llama's embeddings);
+* lm_head: the final LayerNorm, ``R = 2h`` (RMSNorm: ``h``).
 
-:meth:`Block.shard_params` divides everything by tp, so it under-counts a shard by ``R (1 - 1/tp)``.
+Blocks of other architectures (Llama's grouped-query attention, RoPE, RMSNorm, SwiGLU, no biases) are built by
+:mod:`distsim.profiler.llama_blocks`.
 
 Deliberate simplifications (cost matters here, not the exact training recipe): no dropout, pre-LayerNorm transformer
 blocks (GPT-2 / Megatron), causal self-attention, the fused kernels Megatron may use (bias-GeLU, bias-dropout-add,
@@ -40,13 +42,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
+from distsim.core.errors import ModelFileError
 from distsim.core.models.graph import Block
 from distsim.profiler.tp_comm import TPComm, VocabParallelCrossEntropy
 
 TRANSFORMER_OPS = ("attention", "cross_attention", "mlp", "embedding", "lm_head")
 CNN_OPS = ("conv2d", "maxpool", "avgpool", "linear", "concat", "bottleneck")
 SUPPORTED_OPS = TRANSFORMER_OPS + CNN_OPS
-"""Block ops :func:`build_block` can build."""
+"""Block ops :func:`distsim.profiler.build.build_block` can build."""
 
 
 def torch_dtype(precision_name: str, device: torch.device | str) -> torch.dtype:
@@ -58,7 +61,8 @@ def torch_dtype(precision_name: str, device: torch.device | str) -> torch.dtype:
         return torch.bfloat16 if torch.device(device).type == "cpu" else torch.float16
     if precision_name == "bf16-mixed":
         return torch.bfloat16
-    raise ValueError(f"unknown precision {precision_name!r} (expected fp32, fp16-mixed or bf16-mixed)")
+    raise ModelFileError(f"the profiler and executor run fp32, fp16-mixed or bf16-mixed, not {precision_name}: "
+                         "fp8 (Transformer Engine) is simulated only")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- modules
@@ -133,7 +137,7 @@ class BlockModule(nn.Module):
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Embedding):
                 nn.init.normal_(m.weight, 0.0, 0.02, generator=generator)
-            elif isinstance(m, nn.LayerNorm | nn.BatchNorm2d):
+            elif isinstance(m, nn.LayerNorm | nn.RMSNorm | nn.BatchNorm2d):
                 m.reset_parameters()
 
     # ------------------------------------------------------------------------------------------------- inputs
@@ -486,56 +490,6 @@ _MODULES: dict[str, type[BlockModule]] = {
 }
 
 
-def build_problem(block: Block) -> str | None:
-    """Why :func:`build_block` cannot build this block (by its op and given time alone), or None."""
-    if block.has_given_time:
-        return f"block {block.op!r} has a given time (fwd_s/bwd_s), so there is nothing to build or profile"
-    if block.op not in SUPPORTED_OPS:
-        return f"no torch module for block op {block.op!r} (supported: {', '.join(SUPPORTED_OPS)})"
-    return None
-
-
-def build_block(
-    block: Block,
-    tp: int = 1,
-    tp_rank: int = 0,
-    comm: TPComm | None = None,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    *,
-    generator: torch.Generator | None = None,
-) -> BlockModule:
-    """The module of shard `tp_rank` of `tp` of `block` (tp=1: the whole block), parameters initialised by
-    :meth:`BlockModule.reset_parameters` with `generator` (on `device`; None: the global RNG).
-
-    A ``replicate`` block is built whole whatever tp is; a ``none`` block only with tp=1. Raises ValueError for ops
-    without a module (``custom``, ``layer`` ...), given-time blocks, shapes that do not match the op, params that
-    differ from the module's, and tp degrees that do not divide the split dimension.
-    """
-    problem = build_problem(block)
-    if problem is not None:
-        raise ValueError(problem)
-    if tp < 1 or not 0 <= tp_rank < tp:
-        raise ValueError(f"bad tensor-parallel rank {tp_rank} of {tp}")
-    if block.tp == "none" and tp > 1:
-        raise ValueError(f"block {block.op!r} has no tensor-parallel split (tp='none'), so it needs tp=1, not {tp}")
-    if block.tp != "shard":
-        tp, tp_rank = 1, 0
-    dev = torch.device(device)
-    comm = comm if comm is not None else TPComm.local()
-    module: BlockModule
-    if block.op in ("attention", "cross_attention"):
-        module = AttentionModule(block, tp, tp_rank, comm, dtype, dev, cross=block.op == "cross_attention")
-    else:
-        module = _MODULES[block.op](block, tp, tp_rank, comm, dtype, dev)
-    module.reset_parameters(generator)
-    return module
-
-
-def can_build(block: Block) -> bool:
-    return build_problem(block) is None
-
-
 # ------------------------------------------------------------------------------------------------ tp sharding
 def replicated_param_count(block: Block) -> int:
     """Parameters of `block` that every tp rank keeps in full (see the module docstring); all of them for blocks
@@ -543,12 +497,13 @@ def replicated_param_count(block: Block) -> int:
     if block.tp != "shard":
         return block.params
     shape = dict(block.shape)
+    norm = 1 if shape.get("rmsnorm") else 2  # RMSNorm's scale, LayerNorm's scale and bias
     if block.op in ("attention", "cross_attention", "mlp"):
-        return 3 * shape["h"]
+        return (norm + (1 if shape.get("bias", 1) else 0)) * shape["h"]  # and the row-parallel output bias
     if block.op == "embedding":
         return block.params - shape["vocab"] * shape["h"]
     if block.op == "lm_head":
-        return 2 * shape["h"]
+        return norm * shape["h"]
     raise ValueError(f"no tensor-parallel layout known for block op {block.op!r}")
 
 
@@ -566,7 +521,7 @@ def shard_state_from_full(
 ) -> dict[str, Tensor]:
     """Slice a tp=1 module's state (or `state`, tensors named like it: its gradients, say) into shard `tp_rank` of
     `tp`: split parameters (``full.tp_split``) get their contiguous slice, everything else is copied. Load the result
-    into ``build_block(full.block, tp, tp_rank, ...)`` with ``load_state_dict``."""
+    into ``distsim.profiler.build.build_block(full.block, tp, tp_rank, ...)`` with ``load_state_dict``."""
     if full.tp != 1:
         raise ValueError(f"shard_state_from_full needs a tp=1 module, not one of tp={full.tp}")
     if tp < 1 or not 0 <= tp_rank < tp:

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from distsim.profiler.blocks import build_block, torch_dtype
+from distsim.profiler.blocks import torch_dtype
+from distsim.profiler.build import build_block
 from distsim.profiler.tp_comm import TPComm
 from distsim.sim.costs import ComputeEvent
 
@@ -307,7 +308,7 @@ def time_compute_event(
     CUDA also at least `warmup_s` seconds of them, default ``CUDA_WARMUP_S``), and on CUDA the host's mean launch
     time (see :func:`time_phase`).
 
-    Raises ValueError for events without a module (see :func:`~distsim.profiler.blocks.build_block`).
+    Raises ValueError for events without a module (see :func:`~distsim.profiler.build.build_block`).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")

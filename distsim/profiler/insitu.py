@@ -25,7 +25,8 @@ from torch import Tensor
 from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Block, Model
 from distsim.core.strategy import Strategy
-from distsim.profiler.blocks import build_block, can_build, torch_dtype
+from distsim.profiler.blocks import torch_dtype
+from distsim.profiler.build import build_block, can_build
 from distsim.profiler.compute import FIRST_SLEEP_S, SLEEP_MARGIN, SLEEP_PAD_S, FedTimer, evict_bytes
 from distsim.profiler.tp_comm import TPComm
 from distsim.sim.costs import AnalyticCosts, ComputeEvent

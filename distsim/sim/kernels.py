@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 from distsim.core.cluster import GPU
+from distsim.core.errors import ClusterError
 from distsim.core.models.ops import AttentionOp, GemmOp, MemoryOp, Op
 
 TILE = 128
@@ -74,13 +75,14 @@ def _bandwidth(gpu: GPU) -> float:
 
 
 def gemm_s(
-    gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes_per_elem: float, batch: float = 1
-) -> float:
+    gpu: GPU, m: float, n: float, k: float, moved_bytes: float, out_bytes_per_elem: float, batch: float = 1,
+    fp8: bool = False,
+) -> float:  # fmt: skip
     """Seconds of one m x n x k GEMM's work (no kernel latency), or of a batched GEMM of `batch` such matrices in one
     kernel (their tiles share the waves); `moved_bytes` are A, B and C read or written once (the floor, all of the
-    batch), `out_bytes_per_elem` what the epilogue moves per output element."""
+    batch), `out_bytes_per_elem` what the epilogue moves per output element; `fp8`: on the FP8 tensor cores."""
     flops = 2.0 * m * n * k * batch
-    rate = gpu.peak_flops_per_s * gpu.compute_efficiency
+    rate = (fp8_rate(gpu) if fp8 else gpu.peak_flops_per_s) * gpu.compute_efficiency
     bw = _bandwidth(gpu)
     floor = moved_bytes / bw
     sms = int(gpu.sm_count)
@@ -99,6 +101,14 @@ def gemm_s(
             t += batch * m * n * (split * SPLIT_K_PARTIAL_BYTES + out_bytes_per_elem) / bw
         best = min(best, t)
     return max(best, floor)
+
+
+def fp8_rate(gpu: GPU) -> float:
+    """The GPU's dense FP8 tensor-core peak; one line naming the GPU where it has none."""
+    if gpu.fp8_flops_per_s <= 0:
+        raise ClusterError(f"{gpu.name} has no FP8 tensor cores: simulate an fp8 model on an H100 or H200, or use "
+                           "precision=bf16-mixed")  # fmt: skip
+    return gpu.fp8_flops_per_s
 
 
 def _splits(tiles: int, sms: int) -> list[int]:
@@ -137,6 +147,8 @@ def attention_s(gpu: GPU, op: AttentionOp, batch_heads: float, phase: str) -> fl
     matmuls = 2 if phase == "F" else ATTENTION_BWD_MATMULS
     sms = int(gpu.sm_count)
     if sms <= 0:  # a CPU: the kept FLOPs at the achieved rate, the tensors at bandwidth
+        if op.causal and op.q_len == op.kv_len:  # the lower triangle, token by token: never less for a longer one
+            kept = (op.q_len + 1) / (2 * op.q_len)
         flops = op.flops / op.heads * batch_heads * kept * matmuls / 2
         return flops / rate + io * (1 if phase == "F" else 2) / bw
     scores_s = 1 / (SFU_OPS_PER_SM_PER_CLOCK * gpu.clock_hz) if gpu.clock_hz > 0 else 0.0
@@ -197,6 +209,8 @@ def _gemm_op_s(gpu: GPU, op: GemmOp, phase: str, b: int, tp: int) -> tuple[float
     """Forward: Y[m x n] = X[m x k] W[k x n]. Backward: dX = dY W^T (m x k, inner n) and dW = X^T dY (k x n,
     inner m) accumulated into the fp32 main gradient."""
     e = op.elem_bytes
+    fp8 = e == 1  # FP8 operands (their casts are ops of their own), bf16 outputs
+    out = 2 if fp8 else e
     n = op.n / tp if op.split == "n" else op.n
     k = op.k / tp if op.split == "k" else op.k
     m = op.m * b
@@ -204,9 +218,9 @@ def _gemm_op_s(gpu: GPU, op: GemmOp, phase: str, b: int, tp: int) -> tuple[float
     w, y = k * n * e, m * n * e
     lat = gpu.kernel_latency_s
     if phase == "F":
-        return gemm_s(gpu, m, n, k, x + w + y, e) + lat, 1
-    dx = gemm_s(gpu, m, k, n, y + w + x, e)
-    dw = gemm_s(gpu, k, n, m, x + y + k * n * ACCUMULATE_BYTES, ACCUMULATE_BYTES)
+        return gemm_s(gpu, m, n, k, x + w + m * n * out, out, fp8=fp8) + lat, 1
+    dx = gemm_s(gpu, m, k, n, y + w + x * out / e, out, fp8=fp8)
+    dw = gemm_s(gpu, k, n, m, x + y + k * n * ACCUMULATE_BYTES, ACCUMULATE_BYTES, fp8=fp8)
     return dx + dw + 2 * lat, 2
 
 

@@ -14,7 +14,7 @@ from distsim.core.models import get_model  # noqa: E402
 from distsim.core.models.cnn import _Builder  # noqa: E402
 from distsim.core.models.graph import FP32, Model  # noqa: E402
 from distsim.core.sync import MB, SyncContext, SyncSettings, lower  # noqa: E402
-from distsim.profiler.blocks import build_block  # noqa: E402
+from distsim.profiler.build import build_block  # noqa: E402
 
 
 def small_cnn() -> Model:

@@ -16,13 +16,12 @@ from distsim.core.models.graph import FP32, Block, Layer
 from distsim.core.models.transformer import attention_block, embedding_layer, lm_head_layer, mlp_block
 from distsim.profiler.blocks import (
     BlockModule,
-    build_block,
-    can_build,
     replicated_param_count,
     shard_param_count,
     shard_state_from_full,
     torch_dtype,
 )
+from distsim.profiler.build import build_block, can_build
 from distsim.profiler.compute import count_flops, device_name, time_compute_event
 from distsim.profiler.tp_comm import ReduceOp, TPComm
 from distsim.sim.costs import ComputeEvent

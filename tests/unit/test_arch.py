@@ -135,3 +135,33 @@ def test_a_model_file_states_the_architecture() -> None:
         b.shape for layer in same.layers for b in layer.blocks
     ]
     assert Arch() == GPT
+
+
+def test_fp8_runs_the_layers_gemms_on_the_fp8_tensor_cores() -> None:
+    """Transformer Engine's FP8: each tensor-parallel GEMM after a cast of its input (3 bytes per element: bf16 read,
+    FP8 and amax written), at the H100's 1979 TF instead of 989; the LM head and the memory stay bf16's."""
+    from distsim.core.cluster import get_cluster as cluster
+    from distsim.sim.kernels import block_s
+
+    bf16, fp8 = get_model("llama3-8b:layers=2,precision=bf16-mixed"), get_model("llama3-8b:layers=2,precision=fp8")
+    mlp8 = fp8.layers[1].blocks[1]
+    names = [op.name for op in mlp8.ops]
+    assert names == ["rmsnorm", "fp8_cast", "fc1", "swiglu", "fp8_cast", "fc2", "residual_add"]
+    cast, fc1 = mlp8.ops[1], mlp8.ops[2]
+    assert cast.bytes == 3 * fc1.m * fc1.k and fc1.elem_bytes == 1
+    assert all(op.elem_bytes == 2 for op in fp8.layers[-1].blocks[0].ops if isinstance(op, GemmOp))  # LM head
+    h100 = cluster("dgx-h100").gpu
+    gemm = (fc1,)
+    t8, _ = block_s(h100, gemm, "F", 4, 1)
+    t16, _ = block_s(h100, (replace(fc1, elem_bytes=2),), "F", 4, 1)
+    assert 1.8 < t16 / t8 <= 2.0 + 1e-9  # compute-bound: the FP8 peak is twice bf16's
+    assert fp8.params == bf16.params and fp8.layers[1].saved_sharded_bytes == bf16.layers[1].saved_sharded_bytes
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.util import run_cli
+
+    code, _, err = run_cli(["simulate", "--model", "llama3-8b:layers=2,precision=fp8", "--cluster", "dgx-a100",
+                            "--nodes", "1", "--strategy", "1M1P8D"], capsys)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "A100-SXM4-80GB has no FP8 tensor cores" in err

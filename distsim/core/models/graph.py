@@ -45,6 +45,9 @@ class Precision:
     """Bytes per gradient element (also the bytes the data-parallel all-reduce moves per parameter)."""
     optimizer_bytes: int = 12
     """Bytes of optimizer state per parameter (Adam with fp32 master weights: 4 + 4 + 4)."""
+    gemm_bytes: int = 0
+    """Bytes per operand element of the transformer layers' GEMMs when they differ from the activations' (1: FP8, on
+    the FP8 tensor cores); 0: the activations' bytes."""
 
     @property
     def state_bytes_per_param(self) -> int:
@@ -55,7 +58,11 @@ FP16_MIXED = Precision()
 BF16_MIXED = Precision(name="bf16-mixed")
 """bf16 weights and activations with fp32 master weights and Adam states: fp16-mixed's bytes (Megatron's --bf16)."""
 FP32 = Precision(name="fp32", act_bytes=4, param_bytes=4, grad_bytes=4, optimizer_bytes=8)
-PRECISIONS = {p.name: p for p in (FP16_MIXED, BF16_MIXED, FP32)}
+FP8 = Precision(name="fp8", gemm_bytes=1)
+"""Transformer Engine's FP8 recipe (Megatron's --fp8-format hybrid): the transformer layers' GEMMs take FP8 operands on
+the FP8 tensor cores, each input cast (with its amax) from bf16 first; weights, activations, master weights and
+optimizer states as bf16-mixed (TE's FP8 copies of weights and saved inputs are not counted apart)."""
+PRECISIONS = {p.name: p for p in (FP16_MIXED, BF16_MIXED, FP32, FP8)}
 
 
 @dataclass(frozen=True)

@@ -335,6 +335,23 @@ def sequence_parallel_ops(ops: tuple[Op, ...]) -> tuple[Op, ...]:
     )
 
 
+def fp8_ops(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """A block's ops under Transformer Engine's FP8 recipe: each tensor-parallel GEMM takes FP8 operands
+    (``elem_bytes`` 1: the FP8 tensor cores, a bf16 output), after a cast kernel that reads its bf16 input, writes
+    the FP8 copy and its amax (3 bytes per input element; in backward the output gradient's, m x n). The cast of a
+    row-parallel GEMM's input is sharded like the input; a column-parallel one's input is whole on every rank. GEMMs
+    that tensor parallelism does not split (a CNN's, the LM head's logits in TE's default recipe) stay as they are."""
+    out: list[Op] = []
+    for op in ops:
+        if isinstance(op, GemmOp) and op.split != "none" and op.elem_bytes != 1:
+            tp: OpTP = "shard" if op.split == "k" else "replicate"
+            out.append(MemoryOp("fp8_cast", float(3 * op.m * op.k), tp=tp, bwd_factor=op.n / op.k))
+            out.append(replace(op, elem_bytes=1))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
 def op_totals(ops: tuple[Op, ...]) -> tuple[float, float]:
     """(forward FLOPs, forward bytes) per sample of a block's ops: what its ``fwd_flops`` and ``io_bytes`` are."""
     return float(sum(op.flops for op in ops)), float(sum(op.bytes for op in ops))

@@ -39,6 +39,7 @@ from distsim.core.models.ops import (
     Op,
     attention_op_name,
     check_attention_impl,
+    fp8_ops,
 )
 
 
@@ -259,6 +260,8 @@ def transformer_layer(
         saved += 2 * s * h * scale
         saved_sharded += 11 * s * h * scale
     blocks.append(mlp_block(h, f, s, p, arch))
+    if p.gemm_bytes == 1:  # FP8: each GEMM on the FP8 tensor cores after its input's cast
+        blocks = [replace(b, ops=fp8_ops(b.ops), fwd_flops=0.0, io_bytes=0.0) for b in blocks]
     core = sum(op.saved_bytes for op in attention_cores(blocks))
     return Layer(
         name=name,
