@@ -59,7 +59,8 @@ def model_and_gpus(search: SearchOptions, costs: CostOptions | None = None) -> t
 def shared_options(f: Any) -> Any:
     options = [
         click.option("--model", "-m", "model_name", required=True, metavar="NAME|FILE",
-                     help="Zoo model (see `distsim models`) or a YAML/JSON model file."),
+                     help="Zoo model (see `distsim models`), a YAML/JSON model file, or hf:PATH (a Hugging Face "
+                     "config.json)."),
         click.option("--cluster", "-c", "cluster_name", required=True, metavar="NAME|FILE",
                      help="Cluster preset (see `distsim clusters`) or a YAML/JSON cluster file."),
         click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count."),

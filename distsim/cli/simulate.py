@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -26,13 +26,24 @@ from distsim.cli.common import (
     fmt_time,
     framework_option,
     grad_sync_options,
+    load_costs,
     load_costs_for,
+    load_framework_for,
     load_model_and_cluster,
     load_plan_for,
     parse_stragglers,
     scale_options,
     strategy_overrides,
     write_trace,
+)
+from distsim.cli.megatron_job import (
+    JobSourceOptions,
+    job_source_options,
+    megatron_framework,
+    megatron_report,
+    megatron_strategy,
+    read_megatron,
+    with_global_batch,
 )
 from distsim.cli.options import (
     CommandArgs,
@@ -55,7 +66,9 @@ from distsim.sim.flow.events import LINK_SHARING
     "-m",
     "model_name",
     metavar="NAME|FILE",
-    help="Zoo model (see `distsim models`) or a YAML/JSON model file. [default with --plan: the plan's]",
+    help="Zoo model (see `distsim models`; e.g. llama3-70b:precision=fp8, or transformer:layers=..,hidden=..), a "
+    "YAML/JSON model file, or hf:PATH (a Hugging Face config.json: gpt2, llama, mistral, qwen2). [default with "
+    "--plan: the plan's]",
 )
 @click.option(
     "--cluster",
@@ -171,6 +184,7 @@ from distsim.sim.flow.events import LINK_SHARING
 )
 @allreduce_option
 @framework_option
+@job_source_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the summary.")
 @click.option(
     "--trace",
@@ -219,15 +233,23 @@ def simulate(**kw: Any) -> None:
     """
     args = SimulateArgs.from_params(**kw)
     stdout_taken = check_outputs(args.outputs, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
-    plan, job = _plan_or_strategy(args.job)
+    megatron, job = _megatron(args.job, args.source)
+    plan, job = _plan_or_strategy(job)
     model, cluster = load_model_and_cluster(job, args.costs)
     background = check_background(args.background, args.simulation.samples)
     if args.simulation.straggler:
         cluster = cluster.with_slowdown(parse_stragglers(args.simulation.straggler))
     costs_given = args.costs.for_model(job.model_name)  # a torch module's profile: its events go with its graph
-    target = _target(plan, job, model, args.strategy)
+    target = _target(plan, job, model, args.strategy, megatron, cluster.num_gpus)
+    if plan is None:
+        target = with_global_batch(target, args.source.global_batch, strategy_overrides(args.strategy)[1])
     runtime = getattr(PLAN_KINDS[plan.kind], "framework", None) if plan is not None else None  # optional on a kind
-    costs = load_costs_for(costs_given, cluster, runtime)
+    if megatron is not None:  # the launch line's overlap switches on the framework
+        framework = megatron_framework(megatron, load_framework_for(costs_given))
+        costs = load_costs(cluster, costs_given.profile_path, costs_given.strict, costs_given.allreduce, framework)
+        click.echo(megatron_report(megatron), err=True)
+    else:
+        costs = load_costs_for(costs_given, cluster, runtime)
     if plan is None and not _sync_given(job, args.strategy):
         from distsim.sim.costs import framework_of
 
@@ -281,6 +303,7 @@ class SimulateArgs(CommandArgs):
     """The option groups of ``distsim simulate``."""
 
     job: TargetOptions
+    source: JobSourceOptions
     strategy: StrategyOptions
     simulation: SimulationOptions
     costs: CostOptions
@@ -306,11 +329,25 @@ def _sync_given(job: TargetOptions, given_options: StrategyOptions) -> bool:
     return given_options.grad_sync is not None or "sync" in (job.strategy_text or "").lower()
 
 
-def _target(plan: Any, job: TargetOptions, model: Any, given_options: StrategyOptions) -> Any:
-    """What is simulated: the plan, or --strategy with the strategy options (which a plan refuses)."""
+def _megatron(job: TargetOptions, source: JobSourceOptions) -> tuple[Any, TargetOptions]:
+    """The --megatron-args job (None without it), and the job naming its model (which --model must not)."""
+    if source.megatron_args is None:
+        return None, job
+    if job.model_name or job.strategy_text or job.plan_path:
+        raise click.UsageError("--megatron-args states the model and the strategy: drop --model, --strategy and --plan")
+    megatron = read_megatron(source.megatron_args)
+    return megatron, replace(job, model_name=megatron.spec, strategy_text="megatron-args")
+
+
+def _target(plan: Any, job: TargetOptions, model: Any, given_options: StrategyOptions, megatron: Any = None,
+            gpus: int = 0) -> Any:  # fmt: skip
+    """What is simulated: the plan, or --strategy (or the --megatron-args launch line's) with the strategy options
+    (which a plan refuses)."""
     from distsim.core.strategy import Strategy
 
     overrides, given = strategy_overrides(given_options)
+    if megatron is not None:
+        return megatron_strategy(megatron, gpus, overrides)
     if model.micro_batch_size is not None and plan is None:
         overrides.setdefault("micro_batch_size", model.micro_batch_size)  # the profiled example batch
     if plan is not None and given:

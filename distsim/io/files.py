@@ -22,6 +22,8 @@ from distsim.core.checks import number, positive_int
 from distsim.core.cluster import GPU, Cluster, Link, get_cluster
 from distsim.core.errors import ClusterError, DistsimError, ModelFileError, ProfileError
 from distsim.core.models import Model, get_model, model_from_dict
+from distsim.core.models.hf import PREFIX as HF_PREFIX
+from distsim.core.models.hf import model_from_hf_config, split_hf_spec
 from distsim.io import yaml_guard
 from distsim.io.output import STDOUT, open_output
 from distsim.io.trace_export import WARN_BYTES
@@ -45,9 +47,11 @@ and plans a few KB (a model listing MAX_LAYERS layers one per line is about 1 MB
 in memory for JSON and far more for YAML: a 4 MiB YAML model file took 9 s and 0.34 GB to read (libyaml, AMD EPYC)."""
 
 
-def read_structured(path: str | Path, error: type[DistsimError], kind: str | None = None) -> Any:
+def read_structured(
+    path: str | Path, error: type[DistsimError], kind: str | None = None, as_json: bool | None = None
+) -> Any:
     """Parse a YAML or JSON file of a `kind` in MAX_FILE_BYTES (None: the largest but a trace's); errors name the
-    file."""
+    file. `as_json`: parse it as JSON whatever its name (None: JSON if it ends in .json, else YAML)."""
     p = Path(path)
     max_bytes = MAX_FILE_BYTES[kind] if kind else MAX_FILE_BYTES["profile"]
     limit = f"the limit of {max_bytes:,} bytes for a {kind or 'structured'} file"
@@ -65,7 +69,7 @@ def read_structured(path: str | Path, error: type[DistsimError], kind: str | Non
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise error(f"{p}: cannot read ({exc.__class__.__name__})") from None
     try:
-        if p.suffix == ".json":
+        if as_json or (as_json is None and p.suffix == ".json"):
             return json.loads(text)
         return yaml_guard.load(text, max_chars=max_bytes)
     except json.JSONDecodeError as exc:
@@ -82,9 +86,30 @@ def read_structured(path: str | Path, error: type[DistsimError], kind: str | Non
         raise error(f"{p}: malformed file: {exc}") from None
 
 
+def read_hf_config(path: str) -> tuple[dict[str, Any], str]:
+    """A Hugging Face config (`path`: a config.json, or a directory holding one) parsed as JSON, and the file's
+    path; errors name the file."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+        if not p.exists():
+            raise ModelFileError(f"{path}: a directory without a config.json; hf: takes a Hugging Face config.json "
+                                 "or the directory holding it")  # fmt: skip
+    data = read_structured(p, ModelFileError, "model", as_json=True)
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{p}: a Hugging Face config is a JSON object, got a {type(data).__name__}")
+    return data, str(p)
+
+
 def load_model(name_or_path: str) -> Model:
-    """A zoo model by name, a model described in a YAML/JSON file, or the layer graph a profile of a torch module
-    holds (``distsim profile --torch-model``)."""
+    """A zoo model by name, a model described in a YAML/JSON file, the layer graph a profile of a torch module
+    holds (``distsim profile --torch-model``), or ``hf:PATH[:seq=N,precision=P,...]``: the model a Hugging Face
+    config.json (or the directory holding one) describes (:mod:`distsim.core.models.hf`: GPT-2, Llama, Mistral,
+    Qwen2; seq defaults to min(max_position_embeddings, 4096))."""
+    if name_or_path.startswith(HF_PREFIX):
+        path, overrides = split_hf_spec(name_or_path)
+        config, where = read_hf_config(path)
+        return model_from_hf_config(config, where, overrides)
     if _looks_like_path(name_or_path):
         data = read_structured(name_or_path, ModelFileError, "model")
         if isinstance(data, dict) and data.get("schema") == PROFILE_SCHEMA:
@@ -99,7 +124,7 @@ def load_model(name_or_path: str) -> Model:
 
 def is_model_profile(name_or_path: str) -> bool:
     """Whether a --model argument names a profile that holds its model (and so also serves as --profile)."""
-    if not (name_or_path.endswith(".json") and os.path.isfile(name_or_path)):
+    if name_or_path.startswith(HF_PREFIX) or not (name_or_path.endswith(".json") and os.path.isfile(name_or_path)):
         return False
     try:
         data = read_structured(name_or_path, ModelFileError, "model")

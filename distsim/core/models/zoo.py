@@ -91,6 +91,9 @@ _ZOO: dict[str, ZooEntry] = {
     "gpt3-13b": _decoder("gpt3-13b", 40, 5120, 40, 2048, 50257,
                          GPT3 + "; d_model 5120 (the table's 5140 is not divisible by its 40 heads)"),
     "gpt3-175b": _decoder("gpt3-175b", 96, 12288, 96, 2048, 50257, GPT3),
+    "transformer": _decoder("transformer", 24, 1024, 16, 1024, 50257,
+                            "a decoder-only transformer stated by its sizes and architecture (defaults: GPT-2 "
+                            "medium's sizes, GPT's architecture); what --megatron-args builds"),
     "llama3-8b": _decoder("llama3-8b", 32, 4096, 32, 8192, 128256, LLAMA3, ffn=14336,
                           arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
     "llama3-70b": _decoder("llama3-70b", 80, 8192, 64, 8192, 128256, LLAMA3, ffn=28672,
