@@ -110,3 +110,13 @@ def test_global_batch_sets_the_micro_batches(capsys: pytest.CaptureFixture[str])
     assert code == 2 and "not a multiple of dp 4 x micro-batch size 2 = 8" in err
     code, _, err = run_cli([*base, "--global-batch", "64", "--micro-batches", "8"], capsys)
     assert code == 2 and "not both" in err
+
+
+def test_the_shipped_example_is_the_zoo_model() -> None:
+    """examples/megatron/llama3-70b-fp8.sh, which README simulates, reads without unknown flags as llama3-70b in
+    fp8 on 8 x 8 H100s."""
+    line = (Path(__file__).parents[2] / "examples" / "megatron" / "llama3-70b-fp8.sh").read_text()
+    job = parse_megatron_args(line)
+    assert job.unknown == ()
+    assert get_model(job.spec).params == get_model("llama3-70b:precision=fp8").params
+    assert job.degrees(64) == (8, 4, 2, 64)
