@@ -113,6 +113,7 @@ ALIASES = MappingProxyType({
     "gpt2-cpu": "gpt2-345m:hidden=512,heads=8,layers=4,seq=128,vocab=8192,precision=fp32",
     "bert-cpu": "bert-large:hidden=768,heads=12,layers=4,seq=64,vocab=8192,precision=fp32",
     "t5-cpu": "t5-base:layers=2,seq=64,dec_seq=32,vocab=8192,precision=fp32",
+    "llama-cpu": "llama3-8b:hidden=512,heads=8,kv_heads=2,layers=4,seq=128,vocab=8192,ffn=1376,precision=fp32",
 })  # fmt: skip
 
 
