@@ -5,7 +5,7 @@ A launch line is read flag by flag (``--flag value`` or ``--flag=value``; a flag
 flag is one of: *used* (it sets the model, the parallel layout, the batch, recomputation, the optimizer sharding,
 precision or an overlap option); *no effect on the iteration's time* (learning rate, data paths, logging,
 checkpointing, and torchrun's own flags, since the cluster comes from ``--cluster`` and ``--nodes``:
-:data:`NO_EFFECT`), listed as such; *not modelled* (context or expert parallelism above 1, mixture of experts),
+:data:`NO_EFFECT`), listed as such; *not modelled* (context or expert parallelism above 1),
 refused in one line; or *unknown*, listed so that nothing is dropped silently. Defaults are Megatron-LM's
 (``megatron/training/arguments.py``): dropout 0.1, learned absolute positions, LayerNorm, GeLU with ffn = 4h, tied
 embeddings, biases. The vocabulary is padded as distsim pads it (to a multiple of 128; Megatron pads to 128 x tp,
@@ -35,7 +35,8 @@ VALUED = {
     "expert-model-parallel-size", "num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
     "recompute-granularity", "recompute-method", "recompute-num-layers", "vocab-size", "padded-vocab-size",
     "make-vocab-size-divisible-by", "tokenizer-type", "tokenizer-model", "attention-dropout", "hidden-dropout",
-    "fp8-format", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "attention-backend", "rotary-base",
+    "fp8-format", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
+    "attention-backend", "rotary-base",
     "rotary-percent", "kv-channels", "norm-epsilon", "vocab-file", "merge-file",
 }  # fmt: skip
 """Flags this reader understands that take a value."""
@@ -66,8 +67,8 @@ NO_EFFECT = {
 }  # fmt: skip
 """Flags with no effect on one iteration's time or memory as distsim models it (optimiser hyper-parameters, data,
 logging, checkpoints; fusions and attention backends, which the framework preset states)."""
-NOT_MODELLED = {"context-parallel-size": 1, "expert-model-parallel-size": 1, "num-experts": 0}
-"""Flags whose values other than these distsim cannot simulate yet (context and expert parallelism, experts)."""
+NOT_MODELLED = {"context-parallel-size": 1, "expert-model-parallel-size": 1}
+"""Flags whose values other than these distsim cannot simulate yet (context and expert parallelism)."""
 TOKENIZER_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("mistral", 32000), ("gpt2", 50257))
 """Vocabulary of the tokenizers a launch line names by ``--tokenizer-model``/``--tokenizer-type`` (released
 tokenizers' sizes); any other needs ``--vocab-size``."""
@@ -161,6 +162,11 @@ def parse_megatron_args(text: str | Sequence[str]) -> MegatronJob:
         raise MegatronArgsError(f"--kv-channels {flags['kv-channels']}: heads of other than hidden/heads = "
                                 f"{h // heads} dimensions are not modelled")  # fmt: skip
     spec["mlp"] = "swiglu" if get.switch("swiglu") else "gelu"
+    experts = get.integer("num-experts", 0, minimum=0)
+    if experts:  # a mixture of experts, every expert on every GPU (expert parallelism 1)
+        spec["experts"], spec["top_k"] = experts, get.integer("moe-router-topk", 2)
+        spec["expert_ffn"] = get.integer("moe-ffn-hidden-size", spec["ffn"])
+        spec["shared_ffn"] = get.integer("moe-shared-expert-intermediate-size", 0, minimum=0)
     spec["norm"] = get.choice("normalization", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}, "LayerNorm")
     rope = get.switch("use-rotary-position-embeddings")
     spec["position"] = "rope" if rope else get.choice(

@@ -167,19 +167,22 @@ def test_llama_biases(tmp_path: Path) -> None:
     assert "no bias" in mixed.description and "attention_bias true and mlp_bias false differ" in mixed.description
 
 
-def test_mixtral_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_mixtral_is_a_mixture_of_experts(tmp_path: Path) -> None:
+    """Mixtral 8x7B's own config (transformers' MixtralConfig defaults are its sizes): 8 experts, top-2, the zoo's
+    mixtral-8x7b."""
     path = _write(tmp_path, transformers.MixtralConfig())
-    with pytest.raises(ModelFileError) as exc:
-        load_model(f"hf:{path}")
-    text = str(exc.value)
-    assert "\n" not in text and str(path) in text
-    assert "Mixtral's mixture of experts (num_local_experts 8, top-2 routing) is not modelled yet" in text
+    model = load_model(f"hf:{path}:seq=4096")
+    zoo = get_model("mixtral-8x7b")
+    assert model.params == zoo.params
+    assert [b.shape for layer in model.layers for b in layer.blocks] == [
+        b.shape for layer in zoo.layers for b in layer.blocks
+    ]
 
 
 def test_unknown_model_type_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, transformers.BertConfig())
     with pytest.raises(ModelFileError, match=r"model_type 'bert' is not supported; supported: gpt2, llama, mistral, "
-                                             r"qwen2$"):  # fmt: skip
+                                             r"qwen2, mixtral$"):  # fmt: skip
         load_model(f"hf:{path}")
     config = _raw(path)
     del config["model_type"]

@@ -49,6 +49,15 @@ class Arch:
     """Linear layers have biases (GPT); False: none (Llama, Megatron's --disable-bias-linear)."""
     dropout: bool = True
     """Hidden and attention dropout (their masks are kept for backward); False: none (Llama's pre-training)."""
+    experts: int = 0
+    """Routed experts of a mixture-of-experts MLP (Mixtral: 8); 0: a dense MLP."""
+    top_k: int = 2
+    """Experts each token is routed to (Mixtral: 2)."""
+    expert_ffn: int = 0
+    """Hidden size of one expert's MLP (Megatron's --moe-ffn-hidden-size); 0: the model's ffn."""
+    shared_ffn: int = 0
+    """Hidden size of the shared experts every token also runs (DeepSeek-MoE; Megatron's
+    --moe-shared-expert-intermediate-size); 0: none."""
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
@@ -61,6 +70,12 @@ class Arch:
         if self.kv_heads is not None and (isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int)
                                           or self.kv_heads < 1):  # fmt: skip
             raise ModelFileError(f"kv_heads must be a whole number >= 1, got {self.kv_heads!r}")
+        for key, low in (("experts", 0), ("top_k", 1), ("expert_ffn", 0), ("shared_ffn", 0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ModelFileError(f"{key} must be a whole number >= {low}, got {value!r}")
+        if self.experts and self.top_k > self.experts:
+            raise ModelFileError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
 
     def groups(self, heads: int) -> int:
         """Key/value heads for `heads` query heads (checked: they must divide them)."""
@@ -78,6 +93,10 @@ class Arch:
     def describe(self) -> str:
         """What differs from GPT, e.g. ``GQA 8 kv heads, swiglu, rmsnorm, rope, untied, no bias, no dropout``."""
         parts = [] if self.kv_heads is None else [f"GQA {self.kv_heads} kv heads"]
+        if self.experts:
+            parts.append(f"MoE {self.experts} experts top-{self.top_k}"
+                         + (f", expert ffn {self.expert_ffn}" if self.expert_ffn else "")
+                         + (f", shared ffn {self.shared_ffn}" if self.shared_ffn else ""))  # fmt: skip
         parts += [getattr(self, k) for k, v in CHOICES.items() if getattr(self, k) != v[0]]
         parts += [f"no {k.replace('_', ' ')}" if k != "tied_embeddings" else "untied" for k in FLAGS
                   if not getattr(self, k)]  # fmt: skip
@@ -87,7 +106,9 @@ class Arch:
 GPT = Arch()
 LLAMA = Arch(mlp="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, bias=False, dropout=False)
 """Llama 2/3, Mistral and Mixtral's dense parts (set kv_heads for grouped-query attention)."""
-ARCH_KEYS = ("kv_heads", *CHOICES, *FLAGS)
+COUNTS = ("kv_heads", "experts", "top_k", "expert_ffn", "shared_ffn")
+"""Whole-number keys of an architecture."""
+ARCH_KEYS = (*COUNTS, *CHOICES, *FLAGS)
 """Keys of an architecture in a model spec or a model file's ``transformer`` mapping."""
 
 
@@ -97,8 +118,8 @@ def arch_from_items(base: Arch, items: Mapping[str, Any], where: str) -> Arch:
     for key, value in items.items():
         if key not in ARCH_KEYS:
             continue
-        if key == "kv_heads":
-            changes[key] = _whole(value, f"{where}: kv_heads")
+        if key in COUNTS:
+            changes[key] = _whole(value, f"{where}: {key}")
         elif key in FLAGS:
             changes[key] = _flag(value, f"{where}: {key}")
         else:

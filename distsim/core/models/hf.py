@@ -12,7 +12,10 @@ Supported ``model_type`` values and what each becomes (:mod:`distsim.core.models
   architecture has one bias flag for all of them, so the model has none (the description says how many parameters
   that leaves out).
 
-``mixtral`` (a mixture of experts) and any other model_type are refused in one line. rms_norm_eps, rope_theta and
+* ``mixtral``: as mistral, its MLP a mixture of num_local_experts experts of intermediate_size, each token routed to
+  num_experts_per_tok of them (:mod:`distsim.core.models.moe`).
+
+Any other model_type is refused in one line. rms_norm_eps, rope_theta and
 the like change no shape and are not read.
 
 Sequence length: the ``seq`` override, else min(max_position_embeddings (n_positions for GPT-2), 4096). Precision:
@@ -42,7 +45,7 @@ from distsim.core.models.transformer import check_dims, decoder_only
 
 PREFIX = "hf:"
 """What starts a --model spec naming a Hugging Face config."""
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
 """model_type values that :func:`model_from_hf_config` builds."""
 OVERRIDES = ("seq", "layers", "precision", "attention")
 """Keys a ``hf:PATH:key=value,...`` spec may give."""
@@ -149,12 +152,6 @@ def model_from_hf_config(config: Mapping[str, Any], where: str, overrides: Mappi
     model_type = config.get("model_type")
     if model_type is None:
         raise ModelFileError(f"{where}: key 'model_type' is missing; supported: {', '.join(SUPPORTED)}")
-    if model_type == "mixtral":
-        experts = config.get("num_local_experts", "?")
-        top = config.get("num_experts_per_tok", "?")
-        raise ModelFileError(f"{where}: Mixtral's mixture of experts (num_local_experts {experts}, top-{top} routing) "
-                             "is not modelled yet: distsim's transformer layer has one dense MLP; supported "
-                             f"model_type: {', '.join(SUPPORTED)}")  # fmt: skip
     if model_type not in SUPPORTED:
         raise ModelFileError(f"{where}: model_type {model_type!r} is not supported; supported: "
                              f"{', '.join(SUPPORTED)}")  # fmt: skip
@@ -199,6 +196,9 @@ def model_from_hf_config(config: Mapping[str, Any], where: str, overrides: Mappi
             bias = False
         arch = replace(LLAMA, kv_heads=kv if kv != heads else None, bias=bias,
                        tied_embeddings=_bool(config, "tie_word_embeddings", where, True))  # fmt: skip
+        if model_type == "mixtral":  # num_local_experts experts of intermediate_size each, top num_experts_per_tok
+            experts = _count(config, "num_local_experts", where, family)
+            arch = replace(arch, experts=experts, top_k=_count(config, "num_experts_per_tok", where, family))
     seq = _whole_override(overrides, "seq")
     seq = seq if seq is not None else min(context, DEFAULT_MAX_SEQ)
     if arch.position == "learned" and seq > context:

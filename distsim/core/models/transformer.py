@@ -31,6 +31,8 @@ from distsim.core.checks import positive_int
 from distsim.core.errors import ModelFileError
 from distsim.core.models.arch import GPT, Arch
 from distsim.core.models.graph import FP16_MIXED, MAX_LAYERS, Block, Layer, Model, Precision
+from distsim.core.models.layer_ops import arch_tags, norm_op, residual_op
+from distsim.core.models.moe import moe_block, moe_kept
 from distsim.core.models.ops import (
     ATTENTION_IMPLS,
     AttentionOp,
@@ -62,41 +64,6 @@ def pad_vocab(vocab: int, multiple: int = 128) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def _layernorm(s: int, h: int, e: int, norm: str = "layernorm") -> MemoryOp:
-    """A replicated layer norm (or RMSNorm) over s tokens (every tp rank normalises the full hidden state): reads and
-    writes s h elements; backward runs two kernels (input gradient; the scale's (and bias') gradients)."""
-    return MemoryOp(norm, float(2 * s * h * e), reduction=True, bwd_kernels=2)
-
-
-def _bias_dropout_add(s: int, h: int, e: int, dropout: bool = True) -> MemoryOp:
-    """Megatron's fused bias + dropout + residual add after a row-parallel projection, replicated on every tp rank:
-    reads the projection output and the residual, writes the sum and the 1-byte dropout mask (Korthikanti Sec. 4.1).
-    Without dropout (Llama) the residual add alone: two reads, one write."""
-    if not dropout:
-        return MemoryOp("residual_add", float(3 * s * h * e))
-    return MemoryOp("bias_dropout_add", float(s * h * (3 * e + 1)))
-
-
-def _tags(arch: Arch, kv: int, heads: int, *, attention: bool) -> tuple[tuple[str, int], ...]:
-    """What an architecture adds to a block's shape (its event key), only where it differs from GPT's, so that the
-    keys profiles already hold stay as they are: ``kv_heads`` and ``rope`` (attention), ``swiglu`` (MLP),
-    ``rmsnorm``, ``bias=0`` and ``dropout=0`` (both)."""
-    tags: list[tuple[str, int]] = []
-    if attention and kv != heads:
-        tags.append(("kv_heads", kv))
-    if attention and arch.position == "rope":
-        tags.append(("rope", 1))
-    if not attention and arch.mlp == "swiglu":
-        tags.append(("swiglu", 1))
-    if arch.norm == "rmsnorm":
-        tags.append(("rmsnorm", 1))
-    if not arch.bias:
-        tags.append(("bias", 0))
-    if not arch.dropout:
-        tags.append(("dropout", 0))
-    return tuple(tags)
-
-
 def attention_ops(
     h: int, a: int, s: int, e: int, kv_seq: int | None = None, causal: bool = True, attention: str = "flash",
     arch: Arch = GPT,
@@ -118,8 +85,8 @@ def attention_ops(
     else:
         projections = (GemmOp("q", s, h, h, "n", e), GemmOp("kv", kv_seq, 2 * h, h, "n", e))
         core = AttentionOp(name, a, d, s, kv_seq, False, e, attention)
-    return (_layernorm(s, h, e, arch.norm), *projections, *rope, core, GemmOp("proj", s, h, h, "k", e),
-            _bias_dropout_add(s, h, e, arch.dropout))  # fmt: skip
+    return (norm_op(s, h, e, arch.norm), *projections, *rope, core, GemmOp("proj", s, h, h, "k", e),
+            residual_op(s, h, e, arch.dropout))  # fmt: skip
 
 
 def attention_shape_tag(attention: str) -> tuple[tuple[str, int], ...]:
@@ -145,7 +112,7 @@ def attention_block(
     kv = arch.groups(a) if kv_seq is None else a
     qkv = (a + 2 * kv) * (h // a)  # output features of the QKV projection
     if kv_seq is None:
-        op, shape = "attention", (("h", h), ("heads", a), ("seq", s), *_tags(arch, kv, a, attention=True))
+        op, shape = "attention", (("h", h), ("heads", a), ("seq", s), *arch_tags(arch, kv, a, attention=True))
     else:
         op, shape = "cross_attention", (("h", h), ("heads", a), ("seq", s), ("kv_seq", kv_seq))
     shape += attention_shape_tag(attention)
@@ -183,8 +150,8 @@ def mlp_ops(h: int, f: int, s: int, e: int, arch: Arch = GPT) -> tuple[Op, ...]:
     else:
         fc1 = GemmOp("fc1", s, f, h, "n", e)
         act = MemoryOp("bias_gelu" if arch.bias else "gelu", float(2 * s * f * e), tp="shard")
-    return (_layernorm(s, h, e, arch.norm), fc1, act, GemmOp("fc2", s, h, f, "k", e),
-            _bias_dropout_add(s, h, e, arch.dropout))  # fmt: skip
+    return (norm_op(s, h, e, arch.norm), fc1, act, GemmOp("fc2", s, h, f, "k", e),
+            residual_op(s, h, e, arch.dropout))  # fmt: skip
 
 
 def mlp_block(h: int, f: int, s: int, p: Precision, arch: Arch = GPT) -> Block:
@@ -193,7 +160,7 @@ def mlp_block(h: int, f: int, s: int, p: Precision, arch: Arch = GPT) -> Block:
     bias = int(arch.bias)
     return Block(
         op="mlp",
-        shape=(("h", h), ("ffn", f), ("seq", s), *_tags(arch, 0, 0, attention=False)),
+        shape=(("h", h), ("ffn", f), ("seq", s), *arch_tags(arch, 0, 0, attention=False)),
         params=(up + f) * h + bias * (up + h) + arch.norm_params * h,
         replicated_params=(arch.norm_params + bias) * h,  # the norm and the second projection's bias
         tp="shard",
@@ -252,14 +219,20 @@ def transformer_layer(
     blocks = [attention_block(h, a, s, p, causal=causal, attention=attention, arch=arch)]
     scale = p.act_bytes / 2  # Korthikanti's byte counts assume 2-byte activations
     kv_dims = arch.groups(a) * (h // a)
-    mlp_kept = 6 * f if arch.mlp == "swiglu" else 4 * f
-    saved = (10 if arch.dropout else 8) * s * h * scale
-    saved_sharded = (2 * h + 4 * kv_dims + 2 * h + mlp_kept) * s * scale
+    attention_kept = (2 * h + 4 * kv_dims + 2 * h) * s * scale
+    if arch.experts:  # the router's and the experts' (moe_kept) instead of the dense MLP's
+        whole, split = moe_kept(h, f, s, arch)
+        saved = ((8 if arch.dropout else 6) * s * h + whole) * scale
+        saved_sharded = attention_kept + split * scale
+    else:
+        mlp_kept = 6 * f if arch.mlp == "swiglu" else 4 * f
+        saved = (10 if arch.dropout else 8) * s * h * scale
+        saved_sharded = attention_kept + mlp_kept * s * scale
     if cross_kv_seq is not None:
         blocks.append(attention_block(h, a, s, p, kv_seq=cross_kv_seq, attention=attention))
         saved += 2 * s * h * scale
         saved_sharded += 11 * s * h * scale
-    blocks.append(mlp_block(h, f, s, p, arch))
+    blocks.append(moe_block(h, f, s, p, arch) if arch.experts else mlp_block(h, f, s, p, arch))
     if p.gemm_bytes == 1:  # FP8: each GEMM on the FP8 tensor cores after its input's cast
         blocks = [replace(b, ops=fp8_ops(b.ops), fwd_flops=0.0, io_bytes=0.0) for b in blocks]
     core = sum(op.saved_bytes for op in attention_cores(blocks))
@@ -371,7 +344,7 @@ def lm_head_ops(vocab: int, h: int, s: int, e: int, norm: str = "layernorm") -> 
     kept softmax by the loss gradient (8) and casts it back (4 + e), 12 + e bytes per logit in 4 kernels."""
     elementwise, reductions = 24 + e, 8
     return (
-        _layernorm(s, h, e, norm),
+        norm_op(s, h, e, norm),
         GemmOp("logits", s, vocab, h, "n", e),
         MemoryOp(
             "cross_entropy",

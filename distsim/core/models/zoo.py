@@ -25,6 +25,10 @@ LLAMA3 = (
     "Meta 2024, 'The Llama 3 Herd of Models', Table 3 (layers, model dimension, FFN dimension, heads, 8 key/value "
     "heads, vocabulary 128K: 128,256 tokens in the released tokenizer; 8,192-token pre-training context)"
 )
+MIXTRAL = ("Jiang et al. 2024, 'Mixtral of Experts', Table 1 (dim 4096, 32 layers, 32 heads, 8 kv heads, hidden 14336, "
+           "8 experts, top-2, vocabulary 32000); sequence 4096 (its context is 32768)")  # fmt: skip
+MIXTRAL_22B = ("Mistral AI's Mixtral-8x22B-v0.1 release config (hidden 6144, 56 layers, 48 heads, 8 kv heads, "
+               "intermediate 16384, 8 experts, top-2, vocabulary 32768); sequence 4096")  # fmt: skip
 _DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision", "attention", *ARCH_KEYS)
 _T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision", "attention")
 _CNN_KEYS = ("image", "classes", "precision")
@@ -94,6 +98,10 @@ _ZOO: dict[str, ZooEntry] = {
     "transformer": _decoder("transformer", 24, 1024, 16, 1024, 50257,
                             "a decoder-only transformer stated by its sizes and architecture (defaults: GPT-2 "
                             "medium's sizes, GPT's architecture); what --megatron-args builds"),
+    "mixtral-8x7b": _decoder("mixtral-8x7b", 32, 4096, 32, 4096, 32000, MIXTRAL + " 8x7B", ffn=14336,
+                             arch=replace(LLAMA, kv_heads=8, experts=8, top_k=2), precision="bf16-mixed"),
+    "mixtral-8x22b": _decoder("mixtral-8x22b", 56, 6144, 48, 4096, 32768, MIXTRAL_22B, ffn=16384,
+                              arch=replace(LLAMA, kv_heads=8, experts=8, top_k=2), precision="bf16-mixed"),
     "llama3-8b": _decoder("llama3-8b", 32, 4096, 32, 8192, 128256, LLAMA3, ffn=14336,
                           arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
     "llama3-70b": _decoder("llama3-70b", 80, 8192, 64, 8192, 128256, LLAMA3, ffn=28672,
