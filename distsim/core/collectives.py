@@ -2,7 +2,8 @@
 
 * **Ring** (Thakur et al. 2005; MG-WFBP Table II): all-reduce is a reduce-scatter then an all-gather, 2(n-1) steps
   each moving 1/n of the message, so 2(n-1) alpha + 2(n-1)/n S / B; all-gather and reduce-scatter are one half of
-  that, (n-1) alpha + (n-1)/n S / B.
+  that, (n-1) alpha + (n-1)/n S / B. An all-to-all (NCCL's is grouped point-to-point sends) moves the same volume in
+  the same steps: each member keeps 1/n of its S bytes and sends the rest, 1/n to each peer.
 * **Tree** (NCCL's double binary tree, Sanders et al. 2009, "Two-tree algorithms for full bandwidth broadcast,
   reduction and scan"; NCCL 2.4 release): all-reduce is a pipelined reduce up and broadcast down the tree, 2 log2(n)
   latency steps; NCCL's model takes its algorithm bandwidth as half the bus bandwidth with a 0.92 correction
@@ -42,7 +43,7 @@ def ring_volume(collective: str, n: int) -> float:
     """Bytes each member moves per byte of message (ring algorithms)."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
 
@@ -51,7 +52,7 @@ def ring_steps(collective: str, n: int) -> int:
     """Latency terms of the ring algorithm."""
     if collective == "all_reduce":
         return 2 * (n - 1)
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return n - 1
     return 1
 

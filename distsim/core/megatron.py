@@ -5,7 +5,7 @@ A launch line is read flag by flag (``--flag value`` or ``--flag=value``; a flag
 flag is one of: *used* (it sets the model, the parallel layout, the batch, recomputation, the optimizer sharding,
 precision or an overlap option); *no effect on the iteration's time* (learning rate, data paths, logging,
 checkpointing, and torchrun's own flags, since the cluster comes from ``--cluster`` and ``--nodes``:
-:data:`NO_EFFECT`), listed as such; *not modelled* (context or expert parallelism above 1),
+:data:`NO_EFFECT`), listed as such; *not modelled* (context parallelism above 1),
 refused in one line; or *unknown*, listed so that nothing is dropped silently. Defaults are Megatron-LM's
 (``megatron/training/arguments.py``): dropout 0.1, learned absolute positions, LayerNorm, GeLU with ffn = 4h, tied
 embeddings, biases. The vocabulary is padded as distsim pads it (to a multiple of 128; Megatron pads to 128 x tp,
@@ -67,8 +67,8 @@ NO_EFFECT = {
 }  # fmt: skip
 """Flags with no effect on one iteration's time or memory as distsim models it (optimiser hyper-parameters, data,
 logging, checkpoints; fusions and attention backends, which the framework preset states)."""
-NOT_MODELLED = {"context-parallel-size": 1, "expert-model-parallel-size": 1}
-"""Flags whose values other than these distsim cannot simulate yet (context and expert parallelism)."""
+NOT_MODELLED = {"context-parallel-size": 1}
+"""Flags whose values other than these distsim cannot simulate yet (context parallelism)."""
 TOKENIZER_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("mistral", 32000), ("gpt2", 50257))
 """Vocabulary of the tokenizers a launch line names by ``--tokenizer-model``/``--tokenizer-type`` (released
 tokenizers' sizes); any other needs ``--vocab-size``."""
@@ -149,9 +149,8 @@ def parse_megatron_args(text: str | Sequence[str]) -> MegatronJob:
     for name, plain in NOT_MODELLED.items():
         value = get.integer(name, plain, minimum=0)
         if value != plain:
-            raise MegatronArgsError(f"--{name} {value}: not modelled yet (distsim simulates tensor, pipeline and "
-                                    "data parallelism of dense models; context and expert parallelism are "
-                                    "coming)")  # fmt: skip
+            raise MegatronArgsError(f"--{name} {value}: not modelled yet (distsim simulates tensor, pipeline, data "
+                                    "and expert parallelism; context parallelism is coming)")  # fmt: skip
     layers, h, heads = get.integer("num-layers"), get.integer("hidden-size"), get.integer("num-attention-heads")
     tp = get.integer("tensor-model-parallel-size", 1)
     spec: dict[str, Any] = {"layers": layers, "hidden": h, "heads": heads, "seq": get.integer("seq-length"),
@@ -219,6 +218,9 @@ def _strategy(get: _Getter, layers: int, pp: int) -> dict[str, Any]:
         out["sequence_parallel"] = True
     if get.switch("use-distributed-optimizer"):
         out["optimizer_sharding"] = "zero1"
+    ep = get.integer("expert-model-parallel-size", 1)
+    if ep > 1:
+        out["ep"] = ep
     return out
 
 

@@ -37,10 +37,16 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    ep: int = 1
+    """Expert parallelism: the experts of a mixture-of-experts layer spread over ep data-parallel replicas (carved
+    out of dp, as Megatron-Core does: consecutive replicas form an expert-parallel group)."""
 
     def check(self) -> None:
-        for name in ("tp", "pp", "dp"):
+        for name in ("tp", "pp", "dp", "ep"):
             _positive_int(name, getattr(self, name))
+        if self.dp % self.ep:
+            raise StrategyError(f"ep={self.ep} must divide dp={self.dp}: expert-parallel groups are carved out of the "
+                                "data-parallel replicas")  # fmt: skip
 
     @property
     def num_gpus(self) -> int:

@@ -182,6 +182,14 @@ class Placement:
         """One instance per tp rank: the replicas of the stage holding that shard."""
         return self._instances([tuple(int(g) for g in self.grid[stage, :, t]) for t in range(self.strategy.tp)])
 
+    def ep_groups(self, stage: int) -> list[CommInstance]:
+        """One instance per (expert-parallel group, tp rank): ep consecutive replicas of the stage holding that
+        shard (Megatron-Core carves the expert-parallel groups out of the data-parallel ones, innermost first); the
+        group of replica d and tp rank t is at index (d // ep) * tp + t."""
+        ep, tp = self.strategy.ep, self.strategy.tp
+        return self._instances([tuple(int(g) for g in self.grid[stage, lo : lo + ep, t])
+                                for lo in range(0, self.strategy.dp, ep) for t in range(tp)])  # fmt: skip
+
     def p2p_pairs(self, src_stage: int, dst_stage: int) -> list[CommInstance]:
         """One instance per (replica, tp rank): sender in src_stage to the same coordinate in dst_stage.
 

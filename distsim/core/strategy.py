@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from distsim.core.errors import StrategyError
+from distsim.core.models.moe import expert_counts
 from distsim.core.parallel import (
     MAX_MICRO_BATCH_SIZE,
     RECOMPUTE_MODES,
@@ -78,6 +79,9 @@ class Strategy:
     """Optimizer state sharded over the data-parallel group: none, zero1 (optimizer states), zero2 (and gradients:
     reduce-scatter instead of all-reduce), zero3 (and parameters: all-gathered before each layer's forward and
     backward, as FSDP)."""
+    ep: int = 1
+    """Expert parallelism (mixture-of-experts models): each expert-parallel group of ep consecutive replicas holds
+    1/ep of each layer's experts and exchanges the routed tokens by all-to-all; ep must divide dp."""
 
     def __post_init__(self) -> None:
         """Each concern checks its own fields (:mod:`distsim.core.parallel`); the checked, canonical values (the
@@ -98,7 +102,7 @@ class Strategy:
     @property
     def dims(self) -> ParallelDims:
         """The parallel degrees."""
-        return ParallelDims(self.tp, self.pp, self.dp)
+        return ParallelDims(self.tp, self.pp, self.dp, self.ep)
 
     @property
     def pipeline(self) -> PipelineSpec:
@@ -143,6 +147,8 @@ class Strategy:
             f"mb={self.num_micro_batches}",
             f"schedule={self.schedule}",
         ]
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         if self.schedule == "interleaved":
             parts.append(f"v={self.chunks}")
         if self.schedule == "1f1b" and self.warmup_policy != "A":
@@ -196,6 +202,7 @@ _READABLE_KEYS = {
     "mp": "tp",
     "pp": "pp",
     "dp": "dp",
+    "ep": "ep",
     "mbs": "micro_batch_size",
     "micro_batch_size": "micro_batch_size",
     "mb": "num_micro_batches",
@@ -266,7 +273,7 @@ def _parse_readable(text: str) -> dict[str, object]:
         if not sep or field_name is None:
             raise StrategyError(
                 f"cannot read {item!r} in strategy {text!r}; expected key=value with key in "
-                "tp, pp, dp, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
+                "tp, pp, dp, ep, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
                 "zero, partition"
             )
         if field_name in out:
@@ -315,6 +322,13 @@ def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
     problem = model.tp_problem(strategy.tp)
     if problem:
         raise StrategyError(problem)
+    if strategy.ep > 1:
+        experts = expert_counts(model)
+        if not experts:
+            raise StrategyError(f"ep={strategy.ep} spreads the experts of a mixture-of-experts model; {model.name} has "
+                                "none")  # fmt: skip
+        if any(n % strategy.ep for n in experts):
+            raise StrategyError(f"ep={strategy.ep} must divide the {experts[0]} experts of {model.name}")
     if model.precision.gemm_bytes == 1 and cluster.gpu.fp8_flops_per_s <= 0:
         raise StrategyError(f"{model.name} trains in fp8, but {cluster.gpu.name} has no FP8 tensor cores: use an H100 "
                             "or H200 cluster, or precision=bf16-mixed")  # fmt: skip

@@ -78,3 +78,135 @@ def test_mixtral_simulates_and_the_profiler_refuses_its_experts(capsys: pytest.C
 
     moe = get_model("mixtral-8x7b:layers=1").layers[1].blocks[1]
     assert (build_problem(moe) or "").startswith("no torch module for block op 'moe'")
+
+
+# ----------------------------------------------------------------------------------------------- expert parallelism
+def test_an_all_to_all_moves_all_but_its_own_share() -> None:
+    """NCCL's all-to-all (grouped sends): each of n members keeps 1/n of its B bytes and sends the rest, one step per
+    peer: (n - 1) alpha + (n - 1)/n B / bandwidth, inside a node and, at one NIC's share, across nodes."""
+    from distsim.sim.costs import AnalyticCosts, CommEvent
+    from tests.util import hand_cluster
+
+    cluster = hand_cluster(2, 4, intra_bw=100e9, inter_bw=10e9, intra_lat=2e-6, inter_lat=5e-6)
+    costs = AnalyticCosts(cluster)
+    b = 64e6
+    assert costs.comm(CommEvent("all_to_all", int(b), 4, "intra", 1)).seconds == pytest.approx(
+        3 * 2e-6 + 0.75 * b / 100e9
+    )
+    inter = cluster.inter_collective_bandwidth(1)
+    assert costs.comm(CommEvent("all_to_all", int(b), 8, "inter", 1)).seconds == pytest.approx(
+        7 * 5e-6 + 7 / 8 * b / inter
+    )
+
+
+def _mixtral(ep: int, **kw: object) -> tuple[object, object, object]:
+    from distsim import Strategy, get_cluster
+
+    model = get_model("mixtral-8x7b:layers=2,seq=512")
+    cluster = get_cluster("dgx-h100").with_nodes(1)
+    return model, cluster, Strategy(tp=2, dp=4, ep=ep, num_micro_batches=2, sequence_parallel=True, **kw)
+
+
+def test_expert_parallelism_dispatches_and_combines_around_the_experts() -> None:
+    """ep=2: each MoE block's forward is router+permutation, the dispatch all-to-all, the experts, the combine
+    all-to-all, the rest; backward the same in reverse. Each all-to-all carries the micro-batch's routed copies
+    (seq x top_k x h x 2 bytes) over 2 GPUs of one node."""
+    from distsim import simulate
+    from distsim.sim.flow.events import K_EP
+
+    model, cluster, strategy = _mixtral(2)
+    r = simulate(model, cluster, strategy)
+    flow = r.flow
+    g = flow.simulated_gpus[0]
+    moe_ops = [(flow.kind[i], flow.name[i]) for i in range(len(flow))
+               if flow.layer[i] == 1 and flow.microbatch[i] == 0 and any(s[0] == g for s in flow.slots[i])
+               and (".dispatch" in flow.name[i] or ".experts" in flow.name[i] or ".combine" in flow.name[i]
+                    or flow.kind[i] == K_EP)]  # fmt: skip
+    names = [n.split(" ")[-1] if k == K_EP else n.split(".")[-1] for k, n in moe_ops]
+    assert names == ["dispatch", "dispatch", "experts", "combine", "combine",  # forward
+                     "combine", "combine", "experts", "dispatch", "dispatch"]  # backward  # fmt: skip
+    a2a = next(i for i, k in enumerate(flow.kind) if k == K_EP)
+    assert flow.keys[flow.key[a2a]] == f"all_to_all/intra/n=2/bytes={512 * 2 * 4096 * 2}"
+    assert r.cost_table() is not None
+
+
+def test_expert_parallelism_shards_the_experts_and_their_memory() -> None:
+    """Each of ep ranks keeps experts/ep experts' weights, gradients and optimizer states; the rest stays whole."""
+    from distsim import simulate
+    from distsim.core.models.moe import shard_experts
+
+    model = get_model("mixtral-8x7b:layers=2,seq=512")
+    experts = _expert_params(model)
+    for ep in (2, 4):
+        sharded = shard_experts(model, ep)
+        assert sharded.params == model.params - experts + experts // ep
+        assert dict(sharded.layers[1].blocks[1].shape)["ep"] == ep
+    peaks = [simulate(*_mixtral(ep)).peak_memory_bytes for ep in (1, 2, 4)]
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("symmetric", [None, False])
+def test_the_task_estimate_counts_the_all_to_alls(recompute: str, symmetric: bool | None) -> None:
+    from distsim import simulate
+    from distsim.plans.simulate import estimate_size
+    from distsim.sim.flow.events import FlowOptions
+
+    model, cluster, strategy = _mixtral(2, recompute=recompute)
+    options = FlowOptions(symmetric=symmetric)
+    tasks, _ = estimate_size(model, cluster, strategy, options=options)
+    r = simulate(model, cluster, strategy, options=options)
+    assert tasks == len(r.flow)
+    if symmetric is False:  # every GPU simulated: the same iteration as one GPU standing for them
+        assert r.iteration_time_s == pytest.approx(simulate(model, cluster, strategy).iteration_time_s)
+
+
+def test_expert_parallelism_is_refused_where_it_cannot_run() -> None:
+    from dataclasses import replace
+
+    from distsim import Strategy, get_cluster
+    from distsim.core.errors import DistsimError
+    from distsim.core.strategy import check_strategy
+
+    cluster = get_cluster("dgx-h100").with_nodes(1)
+    with pytest.raises(DistsimError, match="has none"):
+        check_strategy(Strategy(dp=8, ep=2), get_model("llama3-8b:layers=2"), cluster)
+    with pytest.raises(DistsimError, match="must divide the 8 experts"):
+        check_strategy(
+            Strategy(dp=6, ep=3),
+            get_model("mixtral-8x7b:layers=2"),
+            replace(cluster, gpus_per_node=6),
+        )
+    with pytest.raises(DistsimError, match="ep=3 must divide dp=4"):
+        Strategy(tp=2, dp=4, ep=3)
+
+
+def test_expert_groups_that_straddle_nodes_unevenly_are_refused() -> None:
+    """dp=6 over 2 nodes of 3 GPUs, ep=2: the groups (0,1), (2,3), (4,5): one crosses nodes, two do not."""
+    from dataclasses import replace
+
+    from distsim import Strategy, simulate
+    from distsim.core.errors import DistsimError
+    from distsim.core.models.arch import LLAMA
+    from distsim.core.models.graph import BF16_MIXED
+    from distsim.core.models.transformer import decoder_only
+    from tests.util import hand_cluster
+
+    model = decoder_only("moe", 2, 256, 8, 64, 1000, "", f=512, precision=BF16_MIXED,
+                         arch=replace(LLAMA, experts=4, top_k=2))  # fmt: skip
+    cluster = hand_cluster(2, 3)
+    with pytest.raises(DistsimError, match="straddle nodes unevenly"):
+        simulate(model, cluster, Strategy(dp=6, ep=2))
+
+
+def test_a_mixtral_launch_line_with_expert_parallelism() -> None:
+    line = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 8 --seq-length 4096 --position-embedding-type rope "
+            "--normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear "
+            "--attention-dropout 0 --hidden-dropout 0 --vocab-size 32000 --num-experts 8 --moe-router-topk 2 "
+            "--expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256 "
+            "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 --use-distributed-optimizer "
+            "--bf16")  # fmt: skip
+    job = parse_megatron_args(line)
+    assert job.strategy["ep"] == 8 and job.degrees(64) == (1, 4, 16, 16)
+    assert get_model(job.spec).params == get_model("mixtral-8x7b").params

@@ -12,8 +12,10 @@ tile quantisation of each expert's share; with all experts on one GPU the router
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from distsim.core.models.arch import Arch
-from distsim.core.models.graph import Block, Precision
+from distsim.core.models.graph import Block, Model, Precision
 from distsim.core.models.layer_ops import arch_tags, norm_op, residual_op
 from distsim.core.models.ops import GemmOp, MemoryOp, Op
 
@@ -83,3 +85,35 @@ def moe_kept(h: int, f: int, s: int, arch: Arch) -> tuple[float, float]:
     per = 6 if arch.mlp == "swiglu" else 4
     whole = 2 * s * h + ROUTER_BYTES * s * arch.experts + 2 * s * k * h
     return float(whole), float(per * (k * fe + fs) * s)
+
+
+def expert_counts(model: Model) -> tuple[int, ...]:
+    """The experts of each mixture-of-experts block of the model (empty: a dense model)."""
+    return tuple(dict(b.shape)["experts"] for layer in model.layers for b in layer.blocks if b.op == "moe")
+
+
+def shard_experts(model: Model, ep: int) -> Model:
+    """The model as one rank of an expert-parallel group of `ep` holds it: each mixture-of-experts block keeps the
+    parameters of experts/ep experts (its norm, router and shared experts whole) and is tagged ``ep`` (its event
+    key, and what the flow splits around its all-to-alls). With balanced routing a rank's experts receive as many
+    routed tokens from the group as it sends, so the block's kernels stay as they are. ep = 1: the model itself."""
+    if ep == 1:
+        return model
+    layers = []
+    for layer in model.layers:
+        blocks = tuple(_shard_block(b, ep) if b.op == "moe" else b for b in layer.blocks)
+        layers.append(layer if blocks == layer.blocks else replace(layer, blocks=blocks))
+    return model.with_layers(tuple(layers))
+
+
+def _shard_block(block: Block, ep: int) -> Block:
+    shape = dict(block.shape)
+    experts = shape["experts"]
+    head = (1 if shape.get("rmsnorm") else 2) + 1  # the norm's tensors and the router
+    tail = 2 if "shared_ffn" in shape else 0
+    per = (len(block.tensors) - head - tail) // experts
+    local = experts // ep
+    tensors = (*block.tensors[:head], *block.tensors[head : head + per * local],
+               *block.tensors[len(block.tensors) - tail :])  # fmt: skip
+    return replace(block, shape=(*block.shape, ("ep", ep)), tensors=tensors, params=sum(n for n, _ in tensors),
+                   replicated_params=sum(n for n, split in tensors if not split))  # fmt: skip

@@ -26,7 +26,7 @@ from distsim.core.models.graph import Block
 from distsim.core.models.ops import GemmOp, sequence_parallel_ops
 from distsim.core.placement import CommInstance
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, framework_of, share_cost
-from distsim.sim.flow.events import K_BWD, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
+from distsim.sim.flow.events import K_BWD, K_EP, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
 from distsim.sim.flow.recompute import MODES, LayerOps, attention_core, recomputed_layers
 from distsim.sim.kernels import block_s, op_s
 
@@ -70,8 +70,9 @@ def derived_blocks(block: Block) -> tuple[Block, ...]:
 class _Blocks:
     """Ops of one stage's blocks at a micro-batch size, each block's event costed once per phase."""
 
-    def __init__(self, flow: EventFlow, costs: CostSource, mbs: int, tp_instance: CommInstance | None):
-        self.flow, self.costs, self.mbs, self.inst = flow, costs, mbs, tp_instance
+    def __init__(self, flow: EventFlow, costs: CostSource, mbs: int, tp_instance: CommInstance | None,
+                 ep_instance: CommInstance | None = None):  # fmt: skip
+        self.flow, self.costs, self.mbs, self.inst, self.ep_inst = flow, costs, mbs, tp_instance, ep_instance
         strategy = flow.strategy
         self.tp, self.dtype = strategy.tp, flow.model.precision.name
         self.sp = strategy.sequence_parallel and strategy.tp > 1
@@ -101,10 +102,18 @@ class _Blocks:
         layer = self.flow.model.layers[li]
         label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
         ev, cost = self.event(block, phase)
-        key = self.flow.intern(ev.key, cost, "compute")
-        compute = StageOp(K_FWD if phase == "F" else K_BWD, cost.seconds, key, label, li, launch=cost.launch_s)
+        if self.ep_inst is not None and dict(block.shape).get("ep", 1) > 1:
+            middle = self.expert_parallel(li, ev, cost, label)
+        else:
+            key = self.flow.intern(ev.key, cost, "compute")
+            middle = (StageOp(K_FWD if phase == "F" else K_BWD, cost.seconds, key, label, li, launch=cost.launch_s),)
         if self.tp == 1 or block.tp != "shard" or self.inst is None:
-            return (compute,)
+            return middle
+        if len(middle) > 1:
+            before, after = tp_collectives(block, phase, self.sp)
+            return (*(self.collective(c, b, label, li) for c, b in before), *middle,
+                    *(self.collective(c, b, label, li) for c, b in after))  # fmt: skip
+        compute = middle[0]
         before, after = tp_collectives(block, phase, self.sp)
         ops_before = tuple(self.collective(c, b, label, li) for c, b in before)
         ops_after = tuple(self.collective(c, b, label, li) for c, b in after)
@@ -146,6 +155,47 @@ class _Blocks:
         n = len(before)
         return (*ops[:n], compute, *ops[n:])
 
+    def expert_parallel(self, li: int, ev: ComputeEvent, cost: Cost, label: str) -> tuple[StageOp, ...]:
+        """A mixture-of-experts block under expert parallelism: its kernels split around the experts' (router and
+        permutation; the experts' grouped GEMMs; unpermutation, shared experts, residual), each part an event costed
+        as its share of the block's, with an all-to-all over the expert-parallel group between them: the dispatch
+        of the routed token copies (top_k per token, h each) and the combine of the experts' outputs, in forward;
+        in backward the same two all-to-alls carry the gradients, in the reverse order."""
+        ops = ev.block.ops
+        names = [op.name for op in ops]
+        start = names.index("experts_fc1")
+        start -= int(start > 0 and names[start - 1] == "fp8_cast")  # FP8: the experts' input cast is theirs
+        end = names.index("experts_fc2") + 1
+        parts = (("dispatch", ops[:start]), ("experts", ops[start:end]), ("combine", ops[end:]))
+        if ev.phase == "B":
+            parts = parts[::-1]
+        shape = dict(ev.block.shape)
+        per_sample = shape["seq"] * shape["top_k"] * shape["h"] * self.flow.model.precision.act_bytes
+        exchange = self.all_to_all(per_sample, li, label)
+        out: list[StageOp] = []
+        kind = K_FWD if ev.phase == "F" else K_BWD
+        gpu = self.flow.cluster.gpu
+        for i, (part, part_ops) in enumerate(parts):
+            if i:  # forward: dispatch then combine; backward: the combine's gradients first
+                which = "dispatch" if (i == 1) == (ev.phase == "F") else "combine"
+                out.append(replace(exchange, name=f"{label} {which}"))
+            derived = ComputeEvent(replace(ev.block, op=f"{ev.block.op}.{part}", ops=part_ops, fwd_flops=0.0,
+                                           io_bytes=0.0), ev.phase, ev.micro_batch_size, ev.tp, ev.dtype)  # fmt: skip
+            part_cost = share_cost(self.costs, gpu, ev, derived) if part_ops else Cost(0.0, cost.source)
+            key = self.flow.intern(derived.key, part_cost, "compute")
+            out.append(StageOp(kind, part_cost.seconds, key, f"{label}.{part}", li, launch=part_cost.launch_s))
+        return tuple(out)
+
+    def all_to_all(self, per_sample: float, li: int, label: str) -> StageOp:
+        """One all-to-all over the expert-parallel group: the routed token copies of this micro-batch."""
+        assert self.ep_inst is not None
+        inst = self.ep_inst
+        cev = CommEvent("all_to_all", round(per_sample * self.mbs), len(inst.gpus), inst.scope, inst.sharers)
+        cost = self.costs.comm(cev)
+        key = self.flow.intern(cev.key, cost, "ep_alltoall")
+        launch = cost.launch_s or self.flow.cluster.gpu.kernel_launch_s
+        return StageOp(K_EP, cost.seconds, key, label, li, cev, launch)
+
     def collective(self, collective: str, per_sample: float, label: str, li: int) -> StageOp:
         assert self.inst is not None
         cev = CommEvent(collective, round(per_sample * self.mbs), self.tp, self.inst.scope, self.inst.sharers)
@@ -169,13 +219,15 @@ class _Blocks:
 
 
 def stage_templates(
-    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None
-) -> dict[str, list[StageOp]]:
+    flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None,
+    ep_instance: CommInstance | None = None,
+) -> dict[str, list[StageOp]]:  # fmt: skip
     """Forward and backward op sequences of virtual stage vs at `mbs` samples (default: the strategy's micro-batch
-    size); `tp_instance`: the tp group of the GPU they run on (None: no tensor-parallel collectives)."""
+    size); `tp_instance`: the tp group of the GPU they run on (None: no tensor-parallel collectives);
+    `ep_instance`: its expert-parallel group (None: no expert parallelism)."""
     model, strategy = flow.model, flow.strategy
     start, end = flow.stage_ranges[vs]
-    blocks = _Blocks(flow, costs, strategy.micro_batch_size if mbs is None else mbs, tp_instance)
+    blocks = _Blocks(flow, costs, strategy.micro_batch_size if mbs is None else mbs, tp_instance, ep_instance)
     mode = MODES[strategy.recompute]
     recomputed = recomputed_layers(model, strategy, (start, end))
     forward: dict[int, tuple[tuple[StageOp, ...], ...]] = {

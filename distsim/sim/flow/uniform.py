@@ -15,6 +15,7 @@ from dataclasses import replace
 from itertools import accumulate
 
 from distsim.core.cluster import Cluster
+from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Block, Model
 from distsim.core.partition import rank_layers
 from distsim.core.placement import CommInstance, Placement, parse_order
@@ -34,6 +35,7 @@ from distsim.core.sync import (
 from distsim.sim.costs import CostSource, framework_of
 from distsim.sim.flow.comm import CommWriter, compute_after, gather_name, models_host, prefetch_gates
 from distsim.sim.flow.events import (
+    K_EP,
     K_TP,
     S_COMPUTE,
     S_TP,
@@ -140,8 +142,10 @@ def estimate_tasks(
         return collective_count(block, phase, strategy.tp, sp)
 
     eligible = eligible_layers(model, strategy.recompute) if strategy.recompute != "none" else ()
+    recomputed: set[int] = set()
     for stage_range in stage_ranges if eligible else ():
         for i in recomputed_layers(model, strategy, stage_range, eligible):
+            recomputed.add(i)
             compute, collectives = mode.extra_tasks(model.layers[i], count)
             per_micro_batch += dl * (compute * tl + collectives)  # each micro-batch passes every (virtual) stage once
     grads = 0
@@ -161,12 +165,26 @@ def estimate_tasks(
                 for inst in placement.dp_groups(r)[:tl]:  # overlapped: shadows where its scope measured interference
                     shadow = int(costs.interference(inst.scope)[0] > 0)
                     grads += strategy.num_micro_batches * 2 * gathered * (1 + dl * shadow)
+    per_micro_batch += _expert_parallel_tasks(model, strategy, dl, tl, recomputed)
     tied = sum(layer.tied_to is not None for layer in model.layers) * dl * tl
     optimizer = strategy.pp * dl * tl
     if models_host(options, model, cluster, strategy, costs):  # a launch per action and per optimizer step
         per_micro_batch += 2 * strategy.num_stages * dl * tl
         optimizer *= 2
     return strategy.num_micro_batches * per_micro_batch + grads + tied + optimizer
+
+
+def _expert_parallel_tasks(model: Model, strategy: Strategy, dl: int, tl: int, recomputed: set[int]) -> int:
+    """What expert parallelism adds to a micro-batch's tasks: each expert-parallel MoE block runs, per phase, three
+    compute events instead of one on every simulated GPU and two all-to-alls per (group, tp rank); the forward a
+    full recomputation runs again (the layers `recomputed`) runs them once more."""
+    if strategy.ep == 1:
+        return 0
+    groups = max(1, dl // strategy.ep)
+    per_phase = 2 * dl * tl + 2 * groups * tl
+    moe = [sum(b.op == "moe" for b in layer.blocks) for layer in model.layers]
+    again = sum(moe[i] for i in recomputed) if strategy.recompute == "full" else 0
+    return per_phase * (2 * sum(moe) + again)
 
 
 def merge_groups(
@@ -212,6 +230,7 @@ class _Builder(CommWriter):
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
         self.after: list[dict[int, float]] = []  # per pipeline rank: backward compute after each layer's (last mb)
+        self.check_expert_groups()
         self.sync = [self._lower_sync(r) for r in range(self.pp)] if self.dp > 1 else []
         self.prefetch = bool(self.sync) and self.sharding.gather_after_step and framework_of(costs).overlap_param_gather
         """--overlap-param-gather: the ZeRO-1/2 all-gathers issued at the start, beside the first forward."""
@@ -254,8 +273,26 @@ class _Builder(CommWriter):
             inst = self.tp_instance(vs % self.pp, d)
             if inst is not None and self.fair:  # costed alone: the engine shares the NICs
                 inst = replace(inst, sharers=1)
-            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst)
+            ep = self.ep_instance(vs % self.pp, d)
+            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst, ep_instance=ep)
         return tpl
+
+    def ep_instance(self, r: int, d: int) -> CommInstance | None:
+        """The expert-parallel group of replica d (tp rank 0) of pipeline rank r (None without expert parallelism).
+        Its scope and NIC sharing stand for every group's: the builder checked they are the same."""
+        ep = self.flow.strategy.ep
+        return self.placement.ep_groups(r)[(d // ep) * self.tp] if ep > 1 else None
+
+    def check_expert_groups(self) -> None:
+        """Expert-parallel groups must all have one scope and NIC sharing (one template stands for them)."""
+        if self.flow.strategy.ep == 1:
+            return
+        for r in range(self.pp):
+            seen = {(i.scope, i.sharers) for i in self.placement.ep_groups(r)}
+            if len(seen) > 1:
+                raise DistsimError(f"expert-parallel groups of ep={self.flow.strategy.ep} straddle nodes unevenly on "
+                                   f"pipeline rank {r}; choose ep so that tp x ep divides the GPUs per node or is a "
+                                   "multiple of them")  # fmt: skip
 
     def tp_instance(self, r: int, d: int) -> CommInstance | None:
         """The tp group of replica d of pipeline rank r (None without tensor parallelism)."""
@@ -334,7 +371,9 @@ class _Builder(CommWriter):
                 params = self.prefetched.get((r, ops0[idx].layer), params)
             for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
-                if op.kind == K_TP:
+                if op.kind == K_EP:  # one all-to-all per expert-parallel group, at the first of its lanes
+                    self._all_to_all(a, idx, lane, lanes, hosts, launch_ends if hosts else [], cuts)
+                elif op.kind == K_TP:
                     assert op.comm is not None
                     deps = ([x for f, ls in zip(frontier, loss[lane], strict=True) for x in (*f, *ls)] if idx == 0
                             else [x for x in last if x >= 0])  # fmt: skip
@@ -380,6 +419,28 @@ class _Builder(CommWriter):
                                            r, [], True, 0, gradients=False) for t in self.lanes_t}  # fmt: skip
             for held in bucket.layers:
                 self.prefetched[(r, held)] = tasks
+
+    def _all_to_all(self, a: Action, idx: int, lane: int, lanes: list, hosts: list, launch_ends: list[float],
+                    cuts: frozenset[int]) -> None:  # fmt: skip
+        """Op `idx` of action `a`, an all-to-all, over each expert-parallel group: one task per tp rank spanning the
+        group's replicas among the simulated lanes, after each member's previous op; emitted at the group's first
+        lane (the others' `last` are then set)."""
+        ep = self.flow.strategy.ep
+        d0 = lanes[lane][0]
+        if any(other[0] // ep == d0 // ep for other in lanes[:lane]):
+            return  # emitted with the group's first lane
+        members = [i for i, other in enumerate(lanes) if other[0] // ep == d0 // ep]
+        op = lanes[lane][2][idx]
+        assert op.comm is not None
+        for j in range(len(self.lanes_t)):
+            gpus = tuple(lanes[i][1][j] for i in members)
+            deps = [lanes[i][4][j] for i in members if lanes[i][4][j] >= 0]
+            tid = self.flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, gpus), K_EP, op.name, op.layer, a.stage,
+                                a.microbatch, op.key, deps)  # fmt: skip
+            for i in members:
+                if hosts and self._constrained(lanes[i][2], idx, lanes[i][1][j], cuts):
+                    self.flow.release(hosts[i][j], tid, launch_ends[idx])
+                lanes[i][4][j] = tid
 
     def _last_compute(self, g: int) -> list[int]:
         last = self.flow._last.get((g, S_COMPUTE))
@@ -465,7 +526,7 @@ class _Builder(CommWriter):
                 parts[-1].append(o)
             out = []
             for part in parts:
-                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind == K_TP and o.comm is not None
+                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind in (K_TP, K_EP) and o.comm is not None
                          else (g, S_COMPUTE) for o in part]  # fmt: skip
                 done = part[-1].layer if part[-1].layer in cuts else None
                 out.append((Chain.of(part, slots, self.speed[g]), done))
