@@ -36,6 +36,7 @@ VALUED = {
     "recompute-granularity", "recompute-method", "recompute-num-layers", "vocab-size", "padded-vocab-size",
     "make-vocab-size-divisible-by", "tokenizer-type", "tokenizer-model", "attention-dropout", "hidden-dropout",
     "fp8-format", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
+    "moe-expert-capacity-factor",
     "attention-backend", "rotary-base",
     "rotary-percent", "kv-channels", "norm-epsilon", "vocab-file", "merge-file",
 }  # fmt: skip
@@ -166,6 +167,8 @@ def parse_megatron_args(text: str | Sequence[str]) -> MegatronJob:
         spec["experts"], spec["top_k"] = experts, get.integer("moe-router-topk", 2)
         spec["expert_ffn"] = get.integer("moe-ffn-hidden-size", spec["ffn"])
         spec["shared_ffn"] = get.integer("moe-shared-expert-intermediate-size", 0, minimum=0)
+        if "moe-expert-capacity-factor" in flags:  # tokens beyond capacity are dropped: the load is capped there
+            spec["moe_load"] = get.number("moe-expert-capacity-factor", 1.0)
     spec["norm"] = get.choice("normalization", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}, "LayerNorm")
     rope = get.switch("use-rotary-position-embeddings")
     spec["position"] = "rope" if rope else get.choice(

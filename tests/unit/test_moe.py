@@ -210,3 +210,33 @@ def test_a_mixtral_launch_line_with_expert_parallelism() -> None:
     job = parse_megatron_args(line)
     assert job.strategy["ep"] == 8 and job.degrees(64) == (1, 4, 16, 16)
     assert get_model(job.spec).params == get_model("mixtral-8x7b").params
+
+
+def test_a_skewed_router_paces_the_experts_and_the_exchanges() -> None:
+    """moe_load 1.5: the most loaded rank's experts receive 1.5 x the mean routed tokens; its experts' compute and
+    both all-to-alls (its share of the exchange) take 1.5 x as long as balanced routing's, and the rest not at all;
+    a more skewed router is never faster."""
+    from distsim import Strategy, get_cluster, simulate
+    from distsim.sim.flow.events import K_EP
+
+    cluster = get_cluster("dgx-h100").with_nodes(1)
+    strategy = Strategy(dp=8, ep=2, num_micro_batches=2)
+    runs = {}
+    for load in (1, 1.5, 2):
+        model = get_model(f"mixtral-8x7b:layers=2,seq=512,moe_load={load}")
+        runs[load] = simulate(model, cluster, strategy)
+
+    def durations(r: object, part: str) -> list[float]:
+        f = r.flow
+        return [f.duration_s[i] for i in range(len(f)) if f.name[i].endswith(part) and f.microbatch[i] == 0]
+
+    balanced, skewed = runs[1], runs[1.5]
+    assert durations(skewed, ".experts") == pytest.approx([1.5 * d for d in durations(balanced, ".experts")])
+    assert durations(skewed, ".dispatch") == pytest.approx(durations(balanced, ".dispatch"))
+    a2a = [(i, r.flow) for r in (balanced, skewed) for i, k in enumerate(r.flow.kind) if k == K_EP][:1]
+    keys = {r.flow.keys[r.flow.key[i]] for r in (balanced, skewed) for i, k in enumerate(r.flow.kind) if k == K_EP}
+    assert f"all_to_all/intra/n=2/bytes={512 * 2 * 4096 * 2}" in keys
+    assert f"all_to_all/intra/n=2/bytes={int(1.5 * 512 * 2 * 4096 * 2)}" in keys
+    assert a2a
+    times = [runs[load].iteration_time_s for load in (1, 1.5, 2)]
+    assert times == sorted(times) and times[0] < times[-1]

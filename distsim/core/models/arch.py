@@ -58,6 +58,11 @@ class Arch:
     shared_ffn: int = 0
     """Hidden size of the shared experts every token also runs (DeepSeek-MoE; Megatron's
     --moe-shared-expert-intermediate-size); 0: none."""
+    moe_load: float = 1.0
+    """Under expert parallelism, the routed tokens the most loaded rank's experts receive over the mean: 1 is a
+    balanced router; Megatron's --moe-expert-capacity-factor caps it (tokens beyond are dropped). The slowest rank
+    sets the pace of the combine all-to-all, so the experts' compute and the exchanges take this many times as
+    long. (With every expert on every GPU the grouped GEMMs run all routed tokens whatever the balance.)"""
 
     def __post_init__(self) -> None:
         for key, allowed in CHOICES.items():
@@ -74,6 +79,9 @@ class Arch:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ModelFileError(f"{key} must be a whole number >= {low}, got {value!r}")
+        load = self.moe_load
+        if isinstance(load, bool) or not isinstance(load, int | float) or not 0.1 <= load <= 100:
+            raise ModelFileError(f"moe_load must be a number in [0.1, 100], got {load!r}")
         if self.experts and self.top_k > self.experts:
             raise ModelFileError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
 
@@ -96,7 +104,8 @@ class Arch:
         if self.experts:
             parts.append(f"MoE {self.experts} experts top-{self.top_k}"
                          + (f", expert ffn {self.expert_ffn}" if self.expert_ffn else "")
-                         + (f", shared ffn {self.shared_ffn}" if self.shared_ffn else ""))  # fmt: skip
+                         + (f", shared ffn {self.shared_ffn}" if self.shared_ffn else "")
+                         + (f", load {self.moe_load:g}" if self.moe_load != 1 else ""))  # fmt: skip
         parts += [getattr(self, k) for k, v in CHOICES.items() if getattr(self, k) != v[0]]
         parts += [f"no {k.replace('_', ' ')}" if k != "tied_embeddings" else "untied" for k in FLAGS
                   if not getattr(self, k)]  # fmt: skip
@@ -108,7 +117,7 @@ LLAMA = Arch(mlp="swiglu", norm="rmsnorm", position="rope", tied_embeddings=Fals
 """Llama 2/3, Mistral and Mixtral's dense parts (set kv_heads for grouped-query attention)."""
 COUNTS = ("kv_heads", "experts", "top_k", "expert_ffn", "shared_ffn")
 """Whole-number keys of an architecture."""
-ARCH_KEYS = (*COUNTS, *CHOICES, *FLAGS)
+ARCH_KEYS = (*COUNTS, *CHOICES, *FLAGS, "moe_load")
 """Keys of an architecture in a model spec or a model file's ``transformer`` mapping."""
 
 
@@ -120,6 +129,8 @@ def arch_from_items(base: Arch, items: Mapping[str, Any], where: str) -> Arch:
             continue
         if key in COUNTS:
             changes[key] = _whole(value, f"{where}: {key}")
+        elif key == "moe_load":
+            changes[key] = _number(value, f"{where}: {key}")
         elif key in FLAGS:
             changes[key] = _flag(value, f"{where}: {key}")
         else:
@@ -134,6 +145,15 @@ def _whole(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
         raise ModelFileError(f"{where} must be a whole number, got {value!r}")
     return int(value)
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ModelFileError(f"{where} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ModelFileError(f"{where} must be a number, got {value!r}") from None
 
 
 def _flag(value: Any, where: str) -> bool:

@@ -61,8 +61,10 @@ def moe_block(h: int, f: int, s: int, p: Precision, arch: Arch) -> Block:
               *([(h, False)] if bias else [])]  # fmt: skip
     shared = [(up * fs * h, True), (fs * h, True)] if fs else []
     tensors = (*[(h, False)] * arch.norm_params, (h * experts, False), *expert * experts, *shared)
+    load = round(arch.moe_load * 100)  # in percent: a shape holds whole numbers
     shape = (("h", h), ("ffn", fe), ("seq", s), ("experts", experts), ("top_k", arch.top_k),
-             *((("shared_ffn", fs),) if fs else ()), *arch_tags(arch, 0, 0, attention=False))  # fmt: skip
+             *((("shared_ffn", fs),) if fs else ()), *((("load_pct", load),) if load != 100 else ()),
+             *arch_tags(arch, 0, 0, attention=False))  # fmt: skip
     return Block(
         op="moe",
         shape=shape,

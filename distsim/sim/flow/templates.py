@@ -170,8 +170,9 @@ class _Blocks:
         if ev.phase == "B":
             parts = parts[::-1]
         shape = dict(ev.block.shape)
+        load = shape.get("load_pct", 100) / 100  # the most loaded rank paces the experts and the exchanges
         per_sample = shape["seq"] * shape["top_k"] * shape["h"] * self.flow.model.precision.act_bytes
-        exchange = self.all_to_all(per_sample, li, label)
+        exchange = self.all_to_all(per_sample, li, label, load)
         out: list[StageOp] = []
         kind = K_FWD if ev.phase == "F" else K_BWD
         gpu = self.flow.cluster.gpu
@@ -182,15 +183,18 @@ class _Blocks:
             derived = ComputeEvent(replace(ev.block, op=f"{ev.block.op}.{part}", ops=part_ops, fwd_flops=0.0,
                                            io_bytes=0.0), ev.phase, ev.micro_batch_size, ev.tp, ev.dtype)  # fmt: skip
             part_cost = share_cost(self.costs, gpu, ev, derived) if part_ops else Cost(0.0, cost.source)
+            if part == "experts" and load != 1:
+                part_cost = replace(part_cost, seconds=part_cost.seconds * load)
             key = self.flow.intern(derived.key, part_cost, "compute")
             out.append(StageOp(kind, part_cost.seconds, key, f"{label}.{part}", li, launch=part_cost.launch_s))
         return tuple(out)
 
-    def all_to_all(self, per_sample: float, li: int, label: str) -> StageOp:
-        """One all-to-all over the expert-parallel group: the routed token copies of this micro-batch."""
+    def all_to_all(self, per_sample: float, li: int, label: str, load: float = 1.0) -> StageOp:
+        """One all-to-all over the expert-parallel group: the routed token copies of this micro-batch (the most
+        loaded rank's, `load` times the mean, set its end)."""
         assert self.ep_inst is not None
         inst = self.ep_inst
-        cev = CommEvent("all_to_all", round(per_sample * self.mbs), len(inst.gpus), inst.scope, inst.sharers)
+        cev = CommEvent("all_to_all", round(per_sample * self.mbs * load), len(inst.gpus), inst.scope, inst.sharers)
         cost = self.costs.comm(cev)
         key = self.flow.intern(cev.key, cost, "ep_alltoall")
         launch = cost.launch_s or self.flow.cluster.gpu.kernel_launch_s
