@@ -43,6 +43,9 @@ from distsim.core.sync import DDP_BUCKET_CAP_MB
               help="Activation recomputation modes to try: any of none,selective,full.")  # fmt: skip
 @click.option("--optimizer-sharding", "sharding_text", default="none", show_default=True, metavar="LIST",
               help="Optimizer sharding modes to try: any of none,zero1,zero2,zero3 (with dp > 1).")  # fmt: skip
+@click.option("--ep", "ep_text", default="1", show_default=True, metavar="LIST",
+              help="Expert-parallel degrees to try (mixture-of-experts models), e.g. 1,2,4,8: each where it divides "
+              "dp and the experts.")  # fmt: skip
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
@@ -137,6 +140,7 @@ class GridOptions(Options):
     bucket_cap_mb: float | None = None
     recompute_text: str = "none"
     sharding_text: str = "none"
+    ep_text: str = "1"
     uneven_stages: bool = False
     ignore_memory: bool = False
     workers: int | None = None
@@ -156,6 +160,7 @@ class GridOptions(Options):
             grad_sync=self.grad_sync,
             recompute_modes=_modes(self.recompute_text, RECOMPUTE_MODES, "--recompute"),
             sharding_modes=_modes(self.sharding_text, SHARDING_MODES, "--optimizer-sharding"),
+            ep_degrees=opt_int_list(self.ep_text, "--ep") or (1,),
             bucket_cap_mb=self.bucket_cap_mb or DDP_BUCKET_CAP_MB,
             even_stages=not self.uneven_stages,
             memory_filter=not self.ignore_memory,

@@ -22,6 +22,7 @@ import pandas as pd
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
+from distsim.core.models.moe import expert_counts, shard_experts
 from distsim.core.schedules import build_schedule
 from distsim.core.strategy import Strategy
 from distsim.core.sync import DDP_BUCKET_CAP_MB
@@ -56,6 +57,8 @@ class GridSpec:
     recompute_modes: tuple[str, ...] = ("none",)
     """Activation recomputation modes to try (none, selective, full)."""
     sharding_modes: tuple[str, ...] = ("none",)
+    ep_degrees: tuple[int, ...] = (1,)
+    """Expert-parallel degrees to try (mixture-of-experts models): each where it divides dp and the experts."""
     """Optimizer sharding modes to try (none, zero1, zero2, zero3); with dp = 1 only none (the others are the same)."""
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     """DDP's bucket size in MiB (grad_sync ddp)."""
@@ -137,6 +140,7 @@ class GridResult:
                 "schedule": s.schedule,
                 **({"recompute": s.recompute} if len(self.spec.recompute_modes) > 1 else {}),
                 **({"zero": s.optimizer_sharding} if len(self.spec.sharding_modes) > 1 else {}),
+                **({"ep": s.ep} if self.spec.ep_degrees != (1,) else {}),
                 "iteration_s": p.iteration_time_s,
                 "samples_per_s": tput,
             }
@@ -207,8 +211,9 @@ def evaluate(
     """Estimate one configuration's memory and, if it fits (or the filter is off), simulate it."""
     t0 = time.perf_counter()
     schedule = build_schedule(strategy)
+    rank_model = shard_experts(model, strategy.ep)  # an expert-parallel rank holds experts / ep
     memory = estimate_memory(
-        model, strategy, schedule, resolve_partition(model, strategy, costs), cluster.gpu.memory_bytes
+        rank_model, strategy, schedule, resolve_partition(rank_model, strategy, costs), cluster.gpu.memory_bytes
     )
     peak = max(m.total_bytes for m in memory)
     fits = all(m.fits for m in memory)
@@ -264,6 +269,7 @@ def grid_search(
         framework = framework_of(costs)
         strategies = [framework.synchronised(s, model.precision.grad_bytes) for s in strategies]
     strategies = with_memory_modes(strategies, spec.recompute_modes, spec.sharding_modes)
+    strategies = with_expert_parallelism(strategies, spec.ep_degrees, expert_counts(model))
     if not strategies:
         reasons = Counter(k.reason for k in skipped).most_common(1)
         why = f"; most often: {reasons[0][0]}" if reasons else ""
@@ -282,6 +288,20 @@ def grid_search(
     assert all(p is not None for p in points)
     return GridResult(model, cluster, spec, points, skipped, time.perf_counter() - t0, workers,  # type: ignore[arg-type]
                       costs.name)  # fmt: skip
+
+
+def with_expert_parallelism(strategies: list[Strategy], degrees: tuple[int, ...],
+                            experts: tuple[int, ...]) -> list[Strategy]:  # fmt: skip
+    """Every strategy under every expert-parallel degree that divides its dp and every MoE layer's experts (a dense
+    model, or ep 1 alone: the strategies themselves)."""
+    if degrees == (1,):
+        return strategies
+    out = []
+    for s in strategies:
+        for ep in degrees:
+            if s.dp % ep == 0 and all(n % ep == 0 for n in experts) and (ep == 1 or experts):
+                out.append(s if ep == 1 else s.with_(ep=ep))
+    return out
 
 
 def with_memory_modes(

@@ -98,7 +98,8 @@ def shard_experts(model: Model, ep: int) -> Model:
     """The model as one rank of an expert-parallel group of `ep` holds it: each mixture-of-experts block keeps the
     parameters of experts/ep experts (its norm, router and shared experts whole) and is tagged ``ep`` (its event
     key, and what the flow splits around its all-to-alls). With balanced routing a rank's experts receive as many
-    routed tokens from the group as it sends, so the block's kernels stay as they are. ep = 1: the model itself."""
+    routed tokens from the group as it sends, so the block's kernels stay as they are. ep = 1: the model itself;
+    a model already sharded stays as it is."""
     if ep == 1:
         return model
     layers = []
@@ -110,6 +111,8 @@ def shard_experts(model: Model, ep: int) -> Model:
 
 def _shard_block(block: Block, ep: int) -> Block:
     shape = dict(block.shape)
+    if "ep" in shape:  # already one rank's (sharding twice would divide twice)
+        return block
     experts = shape["experts"]
     head = (1 if shape.get("rmsnorm") else 2) + 1  # the norm's tensors and the router
     tail = 2 if "shared_ffn" in shape else 0
