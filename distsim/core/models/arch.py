@@ -58,6 +58,8 @@ class Arch:
     shared_ffn: int = 0
     """Hidden size of the shared experts every token also runs (DeepSeek-MoE; Megatron's
     --moe-shared-expert-intermediate-size); 0: none."""
+    first_dense: int = 0
+    """Layers at the start whose MLP is dense (of the model's ffn) rather than experts (DeepSeek-MoE: 1)."""
     moe_load: float = 1.0
     """Under expert parallelism, the routed tokens the most loaded rank's experts receive over the mean: 1 is a
     balanced router; Megatron's --moe-expert-capacity-factor caps it (tokens beyond are dropped). The slowest rank
@@ -75,7 +77,7 @@ class Arch:
         if self.kv_heads is not None and (isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int)
                                           or self.kv_heads < 1):  # fmt: skip
             raise ModelFileError(f"kv_heads must be a whole number >= 1, got {self.kv_heads!r}")
-        for key, low in (("experts", 0), ("top_k", 1), ("expert_ffn", 0), ("shared_ffn", 0)):
+        for key, low in (("experts", 0), ("top_k", 1), ("expert_ffn", 0), ("shared_ffn", 0), ("first_dense", 0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ModelFileError(f"{key} must be a whole number >= {low}, got {value!r}")
@@ -105,7 +107,8 @@ class Arch:
             parts.append(f"MoE {self.experts} experts top-{self.top_k}"
                          + (f", expert ffn {self.expert_ffn}" if self.expert_ffn else "")
                          + (f", shared ffn {self.shared_ffn}" if self.shared_ffn else "")
-                         + (f", load {self.moe_load:g}" if self.moe_load != 1 else ""))  # fmt: skip
+                         + (f", load {self.moe_load:g}" if self.moe_load != 1 else "")
+                         + (f", first {self.first_dense} dense" if self.first_dense else ""))  # fmt: skip
         parts += [getattr(self, k) for k, v in CHOICES.items() if getattr(self, k) != v[0]]
         parts += [f"no {k.replace('_', ' ')}" if k != "tied_embeddings" else "untied" for k in FLAGS
                   if not getattr(self, k)]  # fmt: skip
@@ -115,7 +118,7 @@ class Arch:
 GPT = Arch()
 LLAMA = Arch(mlp="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, bias=False, dropout=False)
 """Llama 2/3, Mistral and Mixtral's dense parts (set kv_heads for grouped-query attention)."""
-COUNTS = ("kv_heads", "experts", "top_k", "expert_ffn", "shared_ffn")
+COUNTS = ("kv_heads", "experts", "top_k", "expert_ffn", "shared_ffn", "first_dense")
 """Whole-number keys of an architecture."""
 ARCH_KEYS = (*COUNTS, *CHOICES, *FLAGS, "moe_load")
 """Keys of an architecture in a model spec or a model file's ``transformer`` mapping."""

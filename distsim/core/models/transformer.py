@@ -453,8 +453,9 @@ def decoder_only(
     v = pad_vocab(vocab)
     rope = arch.position == "rope"
     body = [embedding_layer("embedding", v, h, s, precision, positions=not rope, dropout=arch.dropout)]
-    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal, attention=attention, arch=arch)
-             for i in range(layers)]  # fmt: skip
+    dense = replace(arch, experts=0)  # DeepSeek-MoE's first layers: a dense MLP of ffn f
+    body += [transformer_layer(f"layer{i}", h, a, s, f, precision, causal=causal, attention=attention,
+                               arch=dense if i < arch.first_dense else arch) for i in range(layers)]  # fmt: skip
     body.append(lm_head_layer("lm_head", v, h, s, precision, tied_to="embedding" if arch.tied_embeddings else None,
                               norm=arch.norm))  # fmt: skip
     shape = f"{layers} layers, h={h}, heads={a}, seq={s}, vocab={vocab}" + (f", ffn={f}" if f != 4 * h else "")

@@ -29,6 +29,9 @@ MIXTRAL = ("Jiang et al. 2024, 'Mixtral of Experts', Table 1 (dim 4096, 32 layer
            "8 experts, top-2, vocabulary 32000); sequence 4096 (its context is 32768)")  # fmt: skip
 MIXTRAL_22B = ("Mistral AI's Mixtral-8x22B-v0.1 release config (hidden 6144, 56 layers, 48 heads, 8 kv heads, "
                "intermediate 16384, 8 experts, top-2, vocabulary 32768); sequence 4096")  # fmt: skip
+DEEPSEEK_MOE = ("Dai et al. 2024, 'DeepSeekMoE', Sec. 5.1/Appendix (DeepSeekMoE 16B: 28 layers, hidden 2048, 16 heads, "
+                "the first layer dense with FFN 10944, then 64 routed experts of 1408 and 2 shared ones, top-6, "
+                "vocabulary 102400); sequence 4096")  # fmt: skip
 _DECODER_KEYS = ("layers", "hidden", "heads", "seq", "ffn", "vocab", "precision", "attention", *ARCH_KEYS)
 _T5_KEYS = ("layers", "hidden", "heads", "ffn", "seq", "dec_seq", "vocab", "precision", "attention")
 _CNN_KEYS = ("image", "classes", "precision")
@@ -102,6 +105,9 @@ _ZOO: dict[str, ZooEntry] = {
                              arch=replace(LLAMA, kv_heads=8, experts=8, top_k=2), precision="bf16-mixed"),
     "mixtral-8x22b": _decoder("mixtral-8x22b", 56, 6144, 48, 4096, 32768, MIXTRAL_22B, ffn=16384,
                               arch=replace(LLAMA, kv_heads=8, experts=8, top_k=2), precision="bf16-mixed"),
+    "deepseek-moe-16b": _decoder("deepseek-moe-16b", 28, 2048, 16, 4096, 102400, DEEPSEEK_MOE, ffn=10944,
+                                 arch=replace(LLAMA, experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816,
+                                              first_dense=1), precision="bf16-mixed"),
     "llama3-8b": _decoder("llama3-8b", 32, 4096, 32, 8192, 128256, LLAMA3, ffn=14336,
                           arch=replace(LLAMA, kv_heads=8), precision="bf16-mixed"),
     "llama3-70b": _decoder("llama3-70b", 80, 8192, 64, 8192, 128256, LLAMA3, ffn=28672,
