@@ -36,7 +36,7 @@ VALUED = {
     "recompute-granularity", "recompute-method", "recompute-num-layers", "vocab-size", "padded-vocab-size",
     "make-vocab-size-divisible-by", "tokenizer-type", "tokenizer-model", "attention-dropout", "hidden-dropout",
     "fp8-format", "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
-    "moe-expert-capacity-factor",
+    "moe-expert-capacity-factor", "moe-token-dispatcher-type",
     "attention-backend", "rotary-base",
     "rotary-percent", "kv-channels", "norm-epsilon", "vocab-file", "merge-file",
 }  # fmt: skip
@@ -45,6 +45,7 @@ SWITCHES = {
     "group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "disable-bias-linear",
     "sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap",
     "bf16", "fp16", "use-flash-attn", "use-mcore-models", "no-masked-softmax-fusion", "use-rotary-position-embeddings",
+    "moe-grouped-gemm",
 }  # fmt: skip
 """Flags this reader understands that take no value."""
 NO_EFFECT = {
@@ -63,6 +64,8 @@ NO_EFFECT = {
     "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "eval-only", "mock-data", "manual-gc",
     "manual-gc-interval", "calculate-per-token-loss", "cross-entropy-loss-fusion", "no-gradient-accumulation-fusion",
     "defer-embedding-wgrad-compute", "use-torch-fsdp2", "log-params-norm", "log-num-zeros-in-grad",
+    "moe-grouped-gemm", "moe-router-load-balancing-type", "moe-aux-loss-coeff", "moe-z-loss-coeff",
+    "moe-router-dtype", "moe-router-pre-softmax", "moe-permute-fusion", "moe-input-jitter-eps",
     "nnodes", "nproc-per-node", "nproc_per_node", "node-rank", "node_rank", "master-addr", "master_addr",
     "master-port", "master_port", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "standalone",
 }  # fmt: skip
@@ -169,6 +172,10 @@ def parse_megatron_args(text: str | Sequence[str]) -> MegatronJob:
         spec["shared_ffn"] = get.integer("moe-shared-expert-intermediate-size", 0, minimum=0)
         if "moe-expert-capacity-factor" in flags:  # tokens beyond capacity are dropped: the load is capped there
             spec["moe_load"] = get.number("moe-expert-capacity-factor", 1.0)
+        dispatchers = {"alltoall": "alltoall", "allgather": "allgather", "alltoall_seq": "alltoall", "flex": "alltoall"}
+        dispatcher = get.choice("moe-token-dispatcher-type", dispatchers, None)
+        if dispatcher == "allgather":
+            get.notes.append("--moe-token-dispatcher-type allgather: modelled as the all-to-all dispatcher")
     spec["norm"] = get.choice("normalization", {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}, "LayerNorm")
     rope = get.switch("use-rotary-position-embeddings")
     spec["position"] = "rope" if rope else get.choice(

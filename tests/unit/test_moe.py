@@ -263,3 +263,13 @@ def test_the_grid_tries_expert_parallel_degrees() -> None:
     assert "ep" in r.table().columns
     dense = grid_search(get_model("llama3-8b:layers=4,seq=512"), cluster, spec, workers=1)
     assert {p.strategy.ep for p in dense.points} == {1}
+
+
+def test_the_shipped_mixtral_example_is_the_zoo_model_with_expert_parallelism() -> None:
+    from pathlib import Path
+
+    line = (Path(__file__).parents[2] / "examples" / "megatron" / "mixtral-8x7b.sh").read_text()
+    job = parse_megatron_args(line)
+    assert job.unknown == ()
+    assert get_model(job.spec).params == get_model("mixtral-8x7b").params
+    assert job.strategy["ep"] == 8 and job.degrees(64) == (2, 4, 8, 32)
