@@ -10,6 +10,8 @@ one line rather than run as something else:
   all-gather / reduce-scatter form;
 * ``zero2`` and ``zero3``: the gradient buffer accumulates every micro-batch whole (ZeRO-2's saving), and the
   parameters stay resident (ZeRO-3 gathers them per layer);
+* expert parallelism (``ep`` > 1): every rank holds every expert (:mod:`distsim.profiler.moe_block`), there is no
+  token all-to-all;
 * ``zero1`` with a tied embedding whose copies sit on different pipeline ranks: the copies' all-reduce follows the
   reduce-scatter (as the simulator orders it, after Megatron-LM's ``finalize_model_grads``), and then sums partial
   gradients of different data-parallel shards (Megatron-LM issue #844).
@@ -33,6 +35,9 @@ SHARDING = ("none", "zero1")
 
 def refuse_unsupported(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> None:
     """Raise a one-line :class:`DistsimError` for a strategy field the executor does not run."""
+    if strategy.ep > 1:
+        raise DistsimError(f"distsim execute runs expert parallelism 1 only, not ep={strategy.ep} (every rank holds "
+                           "every expert; distsim simulate models the all-to-alls)")  # fmt: skip
     if strategy.recompute not in RECOMPUTE:
         raise DistsimError(f"distsim execute runs --recompute {' or '.join(RECOMPUTE)}, not {strategy.recompute} "
                            "(its blocks run attention as one module; distsim simulate models selective)")  # fmt: skip

@@ -21,7 +21,9 @@ holds ``shard_param_count(block, tp) = (block.params - R) / tp + R`` parameters,
 * attention, cross_attention, mlp: the LayerNorm weight and bias and the row-parallel output bias, ``R = 3h``
   (RMSNorm: a scale alone; ``bias=0``: no output bias);
 * embedding: the learned position embedding, ``R = seq * h`` (0 without positions, as T5's and Llama's embeddings);
-* lm_head: the final LayerNorm, ``R = 2h`` (RMSNorm: ``h``).
+* lm_head: the final LayerNorm, ``R = 2h`` (RMSNorm: ``h``);
+* moe: its norm, the router (h x experts) and each expert's row-parallel output bias
+  (:mod:`distsim.profiler.moe_block`).
 
 Blocks of other architectures (Llama's grouped-query attention, RoPE, RMSNorm, SwiGLU, no biases) are built by
 :mod:`distsim.profiler.llama_blocks`.
@@ -47,8 +49,10 @@ from distsim.core.models.graph import Block
 from distsim.profiler.tp_comm import TPComm, VocabParallelCrossEntropy
 
 TRANSFORMER_OPS = ("attention", "cross_attention", "mlp", "embedding", "lm_head")
+MOE_OPS = ("moe",)
+"""Built by :mod:`distsim.profiler.moe_block` (expert parallelism 1)."""
 CNN_OPS = ("conv2d", "maxpool", "avgpool", "linear", "concat", "bottleneck")
-SUPPORTED_OPS = TRANSFORMER_OPS + CNN_OPS
+SUPPORTED_OPS = TRANSFORMER_OPS + MOE_OPS + CNN_OPS
 """Block ops :func:`distsim.profiler.build.build_block` can build."""
 
 
@@ -504,6 +508,9 @@ def replicated_param_count(block: Block) -> int:
         return block.params - shape["vocab"] * shape["h"]
     if block.op == "lm_head":
         return norm * shape["h"]
+    if block.op == "moe":  # the norm, the router, and each expert's row-parallel output bias
+        experts = shape["experts"]
+        return (norm + experts * (1 if shape.get("bias", 1) else 0)) * shape["h"] + shape["h"] * experts
     raise ValueError(f"no tensor-parallel layout known for block op {block.op!r}")
 
 

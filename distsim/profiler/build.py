@@ -1,6 +1,7 @@
 """Building a block's torch module: the class of its op (:mod:`distsim.profiler.blocks`), or of its architecture
 where its shape carries one (:mod:`distsim.profiler.llama_blocks`: grouped-query attention, SwiGLU, RMSNorm, rope, no
-biases), at a tensor-parallel shard, initialised."""
+biases), or the mixture-of-experts block's (:mod:`distsim.profiler.moe_block`), at a tensor-parallel shard,
+initialised."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from distsim.core.models.graph import Block
 from distsim.profiler.blocks import _MODULES, SUPPORTED_OPS, AttentionModule, BlockModule
 from distsim.profiler.llama_blocks import arch_module
+from distsim.profiler.moe_block import MoEModule
 from distsim.profiler.tp_comm import TPComm
 
 
@@ -51,7 +53,9 @@ def build_block(
     comm = comm if comm is not None else TPComm.local()
     arch = arch_module(block)
     module: BlockModule
-    if arch is not None:
+    if block.op == "moe":
+        module = MoEModule(block, tp, tp_rank, comm, dtype, dev)
+    elif arch is not None:
         module = arch(block, tp, tp_rank, comm, dtype, dev)
     elif block.op in ("attention", "cross_attention"):
         module = AttentionModule(block, tp, tp_rank, comm, dtype, dev, cross=block.op == "cross_attention")
