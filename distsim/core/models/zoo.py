@@ -128,6 +128,8 @@ ALIASES = MappingProxyType({
     "bert-cpu": "bert-large:hidden=768,heads=12,layers=4,seq=64,vocab=8192,precision=fp32",
     "t5-cpu": "t5-base:layers=2,seq=64,dec_seq=32,vocab=8192,precision=fp32",
     "llama-cpu": "llama3-8b:hidden=512,heads=8,kv_heads=2,layers=4,seq=128,vocab=8192,ffn=1376,precision=fp32",
+    "moe-cpu": "mixtral-8x7b:hidden=512,heads=8,kv_heads=2,layers=4,seq=128,vocab=8192,ffn=688,experts=4,"
+    "precision=fp32",
 })  # fmt: skip
 
 
