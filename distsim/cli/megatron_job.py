@@ -79,7 +79,7 @@ def with_global_batch(strategy: Any, global_batch: int | None, given: list[str])
         return strategy
     if "--micro-batches" in given:
         raise click.UsageError("give --global-batch or --micro-batches, not both")
-    per = strategy.dp * strategy.micro_batch_size
+    per = strategy.dp // strategy.cp * strategy.micro_batch_size  # a context-parallel group shares its samples
     if global_batch % per:
         raise DistsimError(f"--global-batch {global_batch} is not a multiple of dp {strategy.dp} x micro-batch size "
                            f"{strategy.micro_batch_size} = {per}")  # fmt: skip

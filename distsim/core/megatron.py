@@ -5,7 +5,7 @@ A launch line is read flag by flag (``--flag value`` or ``--flag=value``; a flag
 flag is one of: *used* (it sets the model, the parallel layout, the batch, recomputation, the optimizer sharding,
 precision or an overlap option); *no effect on the iteration's time* (learning rate, data paths, logging,
 checkpointing, and torchrun's own flags, since the cluster comes from ``--cluster`` and ``--nodes``:
-:data:`NO_EFFECT`), listed as such; *not modelled* (context parallelism above 1),
+:data:`NO_EFFECT`), listed as such; *not modelled*,
 refused in one line; or *unknown*, listed so that nothing is dropped silently. Defaults are Megatron-LM's
 (``megatron/training/arguments.py``): dropout 0.1, learned absolute positions, LayerNorm, GeLU with ffn = 4h, tied
 embeddings, biases. The vocabulary is padded as distsim pads it (to a multiple of 128; Megatron pads to 128 x tp,
@@ -71,8 +71,8 @@ NO_EFFECT = {
 }  # fmt: skip
 """Flags with no effect on one iteration's time or memory as distsim models it (optimiser hyper-parameters, data,
 logging, checkpoints; fusions and attention backends, which the framework preset states)."""
-NOT_MODELLED = {"context-parallel-size": 1}
-"""Flags whose values other than these distsim cannot simulate yet (context parallelism)."""
+NOT_MODELLED: dict[str, int] = {}
+"""Flags whose values other than these distsim cannot simulate yet."""
 TOKENIZER_VOCAB = (("llama-3", 128256), ("llama3", 128256), ("llama-2", 32000), ("mistral", 32000), ("gpt2", 50257))
 """Vocabulary of the tokenizers a launch line names by ``--tokenizer-model``/``--tokenizer-type`` (released
 tokenizers' sizes); any other needs ``--vocab-size``."""
@@ -106,12 +106,16 @@ class MegatronJob:
             raise MegatronArgsError(f"{gpus} GPUs do not divide into tensor-parallel {self.tp} x pipeline-parallel "
                                     f"{self.pp}; give --nodes so that they do")  # fmt: skip
         dp = gpus // (self.tp * self.pp)
+        cp = self.strategy.get("cp", 1)
+        if dp % cp:
+            raise MegatronArgsError(f"{gpus} GPUs over tp {self.tp} x pp {self.pp} leave {dp} replicas, which "
+                                    f"--context-parallel-size {cp} does not divide")  # fmt: skip
         if self.global_batch_size is None:
             return self.tp, self.pp, dp, 1
-        per = dp * self.micro_batch_size
+        per = dp // cp * self.micro_batch_size  # a context-parallel group shares its samples
         if self.global_batch_size % per:
             raise MegatronArgsError(f"--global-batch-size {self.global_batch_size} is not a multiple of data-parallel "
-                                    f"{dp} x --micro-batch-size {self.micro_batch_size}")  # fmt: skip
+                                    f"{dp // cp} x --micro-batch-size {self.micro_batch_size}")  # fmt: skip
         return self.tp, self.pp, dp, self.global_batch_size // per
 
 
@@ -231,6 +235,9 @@ def _strategy(get: _Getter, layers: int, pp: int) -> dict[str, Any]:
     ep = get.integer("expert-model-parallel-size", 1)
     if ep > 1:
         out["ep"] = ep
+    cp = get.integer("context-parallel-size", 1)
+    if cp > 1:
+        out["cp"] = cp
     return out
 
 

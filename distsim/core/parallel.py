@@ -40,10 +40,18 @@ class ParallelDims:
     ep: int = 1
     """Expert parallelism: the experts of a mixture-of-experts layer spread over ep data-parallel replicas (carved
     out of dp, as Megatron-Core does: consecutive replicas form an expert-parallel group)."""
+    cp: int = 1
+    """Context parallelism: cp consecutive replicas share each sequence (s/cp tokens each, ring attention), so dp
+    counts dp / cp distinct batches (Megatron's dp is this dp / cp)."""
 
     def check(self) -> None:
-        for name in ("tp", "pp", "dp", "ep"):
+        for name in ("tp", "pp", "dp", "ep", "cp"):
             _positive_int(name, getattr(self, name))
+        if self.dp % self.cp:
+            raise StrategyError(f"cp={self.cp} must divide dp={self.dp}: context-parallel groups are consecutive "
+                                "replicas that share each sequence")  # fmt: skip
+        if self.cp > 1 and self.ep > 1:
+            raise StrategyError("context and expert parallelism together are not modelled yet")
         if self.dp % self.ep:
             raise StrategyError(f"ep={self.ep} must divide dp={self.dp}: expert-parallel groups are carved out of the "
                                 "data-parallel replicas")  # fmt: skip

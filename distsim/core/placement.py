@@ -186,9 +186,18 @@ class Placement:
         """One instance per (expert-parallel group, tp rank): ep consecutive replicas of the stage holding that
         shard (Megatron-Core carves the expert-parallel groups out of the data-parallel ones, innermost first); the
         group of replica d and tp rank t is at index (d // ep) * tp + t."""
-        ep, tp = self.strategy.ep, self.strategy.tp
-        return self._instances([tuple(int(g) for g in self.grid[stage, lo : lo + ep, t])
-                                for lo in range(0, self.strategy.dp, ep) for t in range(tp)])  # fmt: skip
+        return self.replica_groups(stage, self.strategy.ep)
+
+    def cp_groups(self, stage: int) -> list[CommInstance]:
+        """The context-parallel groups, laid out as :meth:`ep_groups` (cp consecutive replicas: Megatron's
+        tp-cp-dp-pp order)."""
+        return self.replica_groups(stage, self.strategy.cp)
+
+    def replica_groups(self, stage: int, k: int) -> list[CommInstance]:
+        """Groups of k consecutive replicas of the stage, one per (group, tp rank), at index (d // k) * tp + t."""
+        tp = self.strategy.tp
+        return self._instances([tuple(int(g) for g in self.grid[stage, lo : lo + k, t])
+                                for lo in range(0, self.strategy.dp, k) for t in range(tp)])  # fmt: skip
 
     def p2p_pairs(self, src_stage: int, dst_stage: int) -> list[CommInstance]:
         """One instance per (replica, tp rank): sender in src_stage to the same coordinate in dst_stage.

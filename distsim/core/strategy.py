@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from distsim.core.errors import StrategyError
+from distsim.core.models.context import context_problem
 from distsim.core.models.moe import expert_counts
 from distsim.core.parallel import (
     MAX_MICRO_BATCH_SIZE,
@@ -82,6 +83,10 @@ class Strategy:
     ep: int = 1
     """Expert parallelism (mixture-of-experts models): each expert-parallel group of ep consecutive replicas holds
     1/ep of each layer's experts and exchanges the routed tokens by all-to-all; ep must divide dp."""
+    cp: int = 1
+    """Context parallelism: each group of cp consecutive replicas shares its sequences, s/cp tokens per GPU, the
+    attention's keys and values passed around the group's ring; cp must divide dp, and the global batch is
+    dp / cp x M x micro-batch size (Megatron's --context-parallel-size with its dp = this dp / cp)."""
 
     def __post_init__(self) -> None:
         """Each concern checks its own fields (:mod:`distsim.core.parallel`); the checked, canonical values (the
@@ -102,7 +107,7 @@ class Strategy:
     @property
     def dims(self) -> ParallelDims:
         """The parallel degrees."""
-        return ParallelDims(self.tp, self.pp, self.dp, self.ep)
+        return ParallelDims(self.tp, self.pp, self.dp, self.ep, self.cp)
 
     @property
     def pipeline(self) -> PipelineSpec:
@@ -131,7 +136,7 @@ class Strategy:
 
     @property
     def global_batch_size(self) -> int:
-        return self.dp * self.num_micro_batches * self.micro_batch_size
+        return self.dp // self.cp * self.num_micro_batches * self.micro_batch_size
 
     # ----------------------------------------------------------------------------------------------- notation
     def __str__(self) -> str:
@@ -149,6 +154,8 @@ class Strategy:
         ]
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
         if self.schedule == "interleaved":
             parts.append(f"v={self.chunks}")
         if self.schedule == "1f1b" and self.warmup_policy != "A":
@@ -203,6 +210,7 @@ _READABLE_KEYS = {
     "pp": "pp",
     "dp": "dp",
     "ep": "ep",
+    "cp": "cp",
     "mbs": "micro_batch_size",
     "micro_batch_size": "micro_batch_size",
     "mb": "num_micro_batches",
@@ -273,8 +281,8 @@ def _parse_readable(text: str) -> dict[str, object]:
         if not sep or field_name is None:
             raise StrategyError(
                 f"cannot read {item!r} in strategy {text!r}; expected key=value with key in "
-                "tp, pp, dp, ep, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, sp, "
-                "zero, partition"
+                "tp, pp, dp, ep, cp, mbs, mb, schedule, v, policy, D, sync, cap, groups, recompute, recompute_layers, "
+                "sp, zero, partition"
             )
         if field_name in out:
             raise StrategyError(f"{key} is given twice in strategy {text!r}; give each key once")
@@ -329,6 +337,9 @@ def check_strategy(strategy: Strategy, model: Model, cluster: Cluster) -> None:
                                 "none")  # fmt: skip
         if any(n % strategy.ep for n in experts):
             raise StrategyError(f"ep={strategy.ep} must divide the {experts[0]} experts of {model.name}")
+    problem = context_problem(model, strategy.cp)
+    if problem:
+        raise StrategyError(problem)
     if model.precision.gemm_bytes == 1 and cluster.gpu.fp8_flops_per_s <= 0:
         raise StrategyError(f"{model.name} trains in fp8, but {cluster.gpu.name} has no FP8 tensor cores: use an H100 "
                             "or H200 cluster, or precision=bf16-mixed")  # fmt: skip

@@ -14,8 +14,8 @@ import numpy as np
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
+from distsim.core.models.context import rank_view
 from distsim.core.models.graph import Model
-from distsim.core.models.moe import shard_experts
 from distsim.core.strategy import Strategy
 from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.plan import Plan
@@ -51,7 +51,7 @@ def estimate_size(
     strategy or plan and the model without building anything (the strategy is validated on the way)."""
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options, plan = _resolve(model, cluster, strategy, options or FlowOptions(), samples)
-    model = shard_experts(model, plan.strategy.ep)
+    model = rank_view(model, plan.strategy.ep, plan.strategy.cp)
     return PLAN_KINDS[plan.kind].estimate_tasks(model, cluster, plan, costs, options), max(1, samples)
 
 
@@ -117,7 +117,7 @@ def simulate(
     check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
     with engine.paused_gc():  # see there: halves the build of a large flow
         options, plan = _resolve(model, cluster, strategy, options, samples)
-        model = shard_experts(model, plan.strategy.ep)  # an expert-parallel rank holds experts / ep of each layer
+        model = rank_view(model, plan.strategy.ep, plan.strategy.cp)  # a rank's experts and tokens (ep, cp)
         kind = PLAN_KINDS[plan.kind]
         flow = kind.build_flow(model, cluster, plan, costs, options)
         sampled: list[float] | None = None

@@ -21,8 +21,9 @@ import pandas as pd
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
+from distsim.core.models.context import rank_view
 from distsim.core.models.graph import Model
-from distsim.core.models.moe import expert_counts, shard_experts
+from distsim.core.models.moe import expert_counts
 from distsim.core.schedules import build_schedule
 from distsim.core.strategy import Strategy
 from distsim.core.sync import DDP_BUCKET_CAP_MB
@@ -211,7 +212,7 @@ def evaluate(
     """Estimate one configuration's memory and, if it fits (or the filter is off), simulate it."""
     t0 = time.perf_counter()
     schedule = build_schedule(strategy)
-    rank_model = shard_experts(model, strategy.ep)  # an expert-parallel rank holds experts / ep
+    rank_model = rank_view(model, strategy.ep, strategy.cp)  # a rank's experts (ep) and tokens (cp)
     memory = estimate_memory(
         rank_model, strategy, schedule, resolve_partition(rank_model, strategy, costs), cluster.gpu.memory_bytes
     )

@@ -26,7 +26,7 @@ COLUMNS = ("gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatc
 STREAM_ORDER = ("host", "compute", "tp", "p2p", "dp", "gather", "link:intra", "link:inter")
 COMPUTE_KINDS = ("forward", "backward", "optimizer", "recompute")
 """Device compute: ``recompute`` is a forward run again in backward (activation recomputation)."""
-COMM_KINDS = ("tp_allreduce", "p2p", "dp_allreduce", "ep_alltoall")
+COMM_KINDS = ("tp_allreduce", "p2p", "dp_allreduce", "ep_alltoall", "cp_ring")
 HOST_KINDS = ("launch",)
 """Rows of the host stream (the host enqueuing kernels): not device time, so not in a GPU's busy, comm or idle."""
 

@@ -63,7 +63,7 @@ def test_megatrons_defaults_are_gpt() -> None:
     [
         ("--hidden-size 1024 --num-attention-heads 16 --seq-length 64 --vocab-size 100", "--num-layers is missing"),
         (GPT2_MEDIUM + " --tensor-model-parallel-size two", "--tensor-model-parallel-size must be a whole number"),
-        (GPT2_MEDIUM + " --context-parallel-size 2", "--context-parallel-size 2: not modelled yet"),
+        (GPT2_MEDIUM + " --kv-channels 32", "--kv-channels 32: heads of other than hidden/heads"),
         (
             GPT2_MEDIUM.replace("--tokenizer-type GPT2BPETokenizer", "--tokenizer-type SentencePieceTokenizer"),
             "give --vocab-size N",

@@ -72,13 +72,13 @@ from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
 KINDS = ("forward", "backward", "tp_allreduce", "p2p", "dp_allreduce", "optimizer", "interference", "launch",
-         "recompute", "ep_alltoall")  # fmt: skip
+         "recompute", "ep_alltoall", "cp_ring")  # fmt: skip
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer", "recompute"})
 S_COMPUTE, S_TP, S_P2P, S_DP, S_LINK_INTRA, S_LINK_INTER, S_HOST, S_GATHER = range(8)
 """S_GATHER: the parameter all-gathers of a sharded optimizer (ZeRO), on a stream of their own as FSDP runs them
 beside the gradient reduce-scatters."""
 LINK_SHARING = ("structural", "serialize", "fair")
-K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH, K_RECOMPUTE, K_EP = range(10)
+K_FWD, K_BWD, K_TP, K_P2P, K_DP, K_OPT, K_SHADOW, K_LAUNCH, K_RECOMPUTE, K_EP, K_CP = range(11)
 """K_TP: a collective over the tensor-parallel group (an all-reduce; a reduce-scatter or all-gather with sequence
 parallelism); K_DP: one over the data-parallel group (a gradient all-reduce or reduce-scatter, a tied copies'
 all-reduce, a ZeRO parameter all-gather). The kinds keep their historical names (``tp_allreduce``, ``dp_allreduce``);
@@ -87,7 +87,8 @@ K_SHADOW: compute-stream time taken by overlapped communication (measured interf
 K_LAUNCH: the host enqueuing kernels (the ``host`` stream); a timeline row, but neither compute nor communication.
 K_RECOMPUTE: a forward run again in backward (activation recomputation); compute.
 K_EP: an all-to-all over an expert-parallel group (a mixture-of-experts layer's token dispatch or combine); it runs
-on the ``tp`` stream, the stream of the model-parallel collectives a layer waits for."""
+on the ``tp`` stream, the stream of the model-parallel collectives a layer waits for.
+K_CP: the exposed part of ring attention's key/value passes around a context-parallel group (on the ``tp`` stream)."""
 
 
 @dataclass(frozen=True)

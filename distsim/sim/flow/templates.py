@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from distsim.core.models.graph import Block
-from distsim.core.models.ops import GemmOp, sequence_parallel_ops
+from distsim.core.models.ops import AttentionOp, GemmOp, sequence_parallel_ops
 from distsim.core.placement import CommInstance
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, framework_of, share_cost
-from distsim.sim.flow.events import K_BWD, K_EP, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
+from distsim.sim.flow.events import K_BWD, K_CP, K_EP, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
 from distsim.sim.flow.recompute import MODES, LayerOps, attention_core, recomputed_layers
 from distsim.sim.kernels import block_s, op_s
 
@@ -71,8 +71,9 @@ class _Blocks:
     """Ops of one stage's blocks at a micro-batch size, each block's event costed once per phase."""
 
     def __init__(self, flow: EventFlow, costs: CostSource, mbs: int, tp_instance: CommInstance | None,
-                 ep_instance: CommInstance | None = None):  # fmt: skip
+                 ep_instance: CommInstance | None = None, cp_instance: CommInstance | None = None):  # fmt: skip
         self.flow, self.costs, self.mbs, self.inst, self.ep_inst = flow, costs, mbs, tp_instance, ep_instance
+        self.cp_inst = cp_instance
         strategy = flow.strategy
         self.tp, self.dtype = strategy.tp, flow.model.precision.name
         self.sp = strategy.sequence_parallel and strategy.tp > 1
@@ -107,6 +108,8 @@ class _Blocks:
         else:
             key = self.flow.intern(ev.key, cost, "compute")
             middle = (StageOp(K_FWD if phase == "F" else K_BWD, cost.seconds, key, label, li, launch=cost.launch_s),)
+            if self.cp_inst is not None and any(isinstance(op, AttentionOp) for op in ev.block.ops):
+                middle = (self.ring(li, ev, cost, label), *middle)
         if self.tp == 1 or block.tp != "shard" or self.inst is None:
             return middle
         if len(middle) > 1:
@@ -189,6 +192,30 @@ class _Blocks:
             out.append(StageOp(kind, part_cost.seconds, key, f"{label}.{part}", li, launch=part_cost.launch_s))
         return tuple(out)
 
+    def ring(self, li: int, ev: ComputeEvent, cost: Cost, label: str) -> StageOp:
+        """Ring attention's key/value passes over the context-parallel group, as the exposed part placed before the
+        block (Transformer Engine's context parallelism): the attention runs in cp steps, on the local chunk and
+        then on each chunk received, while the next one travels (one transfer of this rank's K and V per step; in
+        backward also their gradients, twice the bytes). With the core taking A and a transfer T, the steps take
+        A/cp + (cp - 1) max(A/cp, T), of which what passes A is exposed."""
+        assert self.cp_inst is not None
+        inst, cp = self.cp_inst, len(self.cp_inst.gpus)
+        shape = dict(ev.block.shape)
+        heads, h = shape["heads"], shape["h"]
+        kv = shape.get("kv_heads", heads)
+        per_sample = 2 * shape["seq"] * kv * (h // heads) * self.flow.model.precision.act_bytes
+        step_bytes = round(per_sample * self.mbs * (1 if ev.phase == "F" else 2) / ev.effective_tp)
+        transfer = self.costs.comm(CommEvent("p2p", step_bytes, 2, inst.scope, inst.sharers)).seconds
+        gpu = self.flow.cluster.gpu
+        analytic_s, _ = block_s(gpu, ev.block.ops, ev.phase, ev.micro_batch_size, ev.effective_tp)
+        scale = cost.seconds / analytic_s if analytic_s > 0 else 1.0
+        core_s = sum(op_s(gpu, op, ev.phase, ev.micro_batch_size, ev.effective_tp)[0] * scale for op in ev.block.ops
+                     if isinstance(op, AttentionOp))  # fmt: skip
+        exposed = core_s / cp + (cp - 1) * max(core_s / cp, transfer) - core_s
+        cev = CommEvent("cp_ring", step_bytes, cp, inst.scope, inst.sharers)
+        key = self.flow.intern(f"{cev.key}/overlapping={ev.key}", Cost(exposed, "analytic"), "cp_ring")
+        return StageOp(K_CP, exposed, key, f"{label} ring", li, cev, self.flow.cluster.gpu.kernel_launch_s)
+
     def all_to_all(self, per_sample: float, li: int, label: str, load: float = 1.0) -> StageOp:
         """One all-to-all over the expert-parallel group: the routed token copies of this micro-batch (the most
         loaded rank's, `load` times the mean, set its end)."""
@@ -224,14 +251,15 @@ class _Blocks:
 
 def stage_templates(
     flow: EventFlow, costs: CostSource, vs: int, tp_instance: CommInstance | None, mbs: int | None = None,
-    ep_instance: CommInstance | None = None,
+    ep_instance: CommInstance | None = None, cp_instance: CommInstance | None = None,
 ) -> dict[str, list[StageOp]]:  # fmt: skip
     """Forward and backward op sequences of virtual stage vs at `mbs` samples (default: the strategy's micro-batch
     size); `tp_instance`: the tp group of the GPU they run on (None: no tensor-parallel collectives);
     `ep_instance`: its expert-parallel group (None: no expert parallelism)."""
     model, strategy = flow.model, flow.strategy
     start, end = flow.stage_ranges[vs]
-    blocks = _Blocks(flow, costs, strategy.micro_batch_size if mbs is None else mbs, tp_instance, ep_instance)
+    blocks = _Blocks(flow, costs, strategy.micro_batch_size if mbs is None else mbs, tp_instance, ep_instance,
+                     cp_instance)  # fmt: skip
     mode = MODES[strategy.recompute]
     recomputed = recomputed_layers(model, strategy, (start, end))
     forward: dict[int, tuple[tuple[StageOp, ...], ...]] = {

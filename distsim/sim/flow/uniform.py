@@ -35,6 +35,7 @@ from distsim.core.sync import (
 from distsim.sim.costs import CostSource, framework_of
 from distsim.sim.flow.comm import CommWriter, compute_after, gather_name, models_host, prefetch_gates
 from distsim.sim.flow.events import (
+    K_CP,
     K_EP,
     K_TP,
     S_COMPUTE,
@@ -46,7 +47,7 @@ from distsim.sim.flow.events import (
     resolve_partition,
 )
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
-from distsim.sim.flow.recompute import eligible_layers, recomputed_layers
+from distsim.sim.flow.recompute import eligible_layers, has_attention, recomputed_layers
 from distsim.sim.flow.templates import collective_count, stage_templates
 
 
@@ -174,17 +175,26 @@ def estimate_tasks(
     return strategy.num_micro_batches * per_micro_batch + grads + tied + optimizer
 
 
+MODEL_PARALLEL = (K_TP, K_EP, K_CP)
+"""Kinds of the communication a layer's template holds (on the ``tp`` stream): tensor-, expert- and
+context-parallel."""
+
+
 def _expert_parallel_tasks(model: Model, strategy: Strategy, dl: int, tl: int, recomputed: set[int]) -> int:
-    """What expert parallelism adds to a micro-batch's tasks: each expert-parallel MoE block runs, per phase, three
-    compute events instead of one on every simulated GPU and two all-to-alls per (group, tp rank); the forward a
-    full recomputation runs again (the layers `recomputed`) runs them once more."""
-    if strategy.ep == 1:
-        return 0
-    groups = max(1, dl // strategy.ep)
-    per_phase = 2 * dl * tl + 2 * groups * tl
-    moe = [sum(b.op == "moe" for b in layer.blocks) for layer in model.layers]
-    again = sum(moe[i] for i in recomputed) if strategy.recompute == "full" else 0
-    return per_phase * (2 * sum(moe) + again)
+    """What expert and context parallelism add to a micro-batch's tasks. Each expert-parallel MoE block runs, per
+    phase, three compute events instead of one on every simulated GPU and two all-to-alls per (group, tp rank); each
+    context-parallel attention block one ring per (group, tp rank) and phase. The forward a full recomputation runs
+    again (the layers `recomputed`) runs them once more."""
+    total = 0
+    for k, count, per_group, per_gpu in ((strategy.ep, lambda b: b.op == "moe", 2, 2),
+                                         (strategy.cp, has_attention, 1, 0)):  # fmt: skip
+        if k == 1:
+            continue
+        per_phase = per_gpu * dl * tl + per_group * max(1, dl // k) * tl
+        blocks = [sum(bool(count(b)) for b in layer.blocks) for layer in model.layers]
+        again = sum(blocks[i] for i in recomputed) if strategy.recompute == "full" else 0
+        total += per_phase * (2 * sum(blocks) + again)
+    return total
 
 
 def merge_groups(
@@ -274,7 +284,8 @@ class _Builder(CommWriter):
             if inst is not None and self.fair:  # costed alone: the engine shares the NICs
                 inst = replace(inst, sharers=1)
             ep = self.ep_instance(vs % self.pp, d)
-            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst, ep_instance=ep)
+            cp = self.cp_instance(vs % self.pp, d)
+            tpl = self.templates[key] = stage_templates(self.flow, self.costs, vs, inst, ep_instance=ep, cp_instance=cp)
         return tpl
 
     def ep_instance(self, r: int, d: int) -> CommInstance | None:
@@ -283,16 +294,24 @@ class _Builder(CommWriter):
         ep = self.flow.strategy.ep
         return self.placement.ep_groups(r)[(d // ep) * self.tp] if ep > 1 else None
 
+    def cp_instance(self, r: int, d: int) -> CommInstance | None:
+        """The context-parallel group of replica d (tp rank 0) of pipeline rank r (None without context
+        parallelism); like :meth:`ep_instance` it stands for every group's scope."""
+        cp = self.flow.strategy.cp
+        return self.placement.cp_groups(r)[(d // cp) * self.tp] if cp > 1 else None
+
     def check_expert_groups(self) -> None:
-        """Expert-parallel groups must all have one scope and NIC sharing (one template stands for them)."""
-        if self.flow.strategy.ep == 1:
-            return
-        for r in range(self.pp):
-            seen = {(i.scope, i.sharers) for i in self.placement.ep_groups(r)}
-            if len(seen) > 1:
-                raise DistsimError(f"expert-parallel groups of ep={self.flow.strategy.ep} straddle nodes unevenly on "
-                                   f"pipeline rank {r}; choose ep so that tp x ep divides the GPUs per node or is a "
-                                   "multiple of them")  # fmt: skip
+        """Expert- and context-parallel groups must all have one scope and NIC sharing (one template stands for
+        them)."""
+        strategy = self.flow.strategy
+        for what, k in (("expert", strategy.ep), ("context", strategy.cp)):
+            for r in range(self.pp) if k > 1 else ():
+                seen = {(i.scope, i.sharers) for i in self.placement.replica_groups(r, k)}
+                if len(seen) > 1:
+                    letter = what[0] + "p"
+                    raise DistsimError(f"{what}-parallel groups of {letter}={k} straddle nodes unevenly on pipeline "
+                                       f"rank {r}; choose {letter} so that tp x {letter} divides the GPUs per node or "
+                                       "is a multiple of them")  # fmt: skip
 
     def tp_instance(self, r: int, d: int) -> CommInstance | None:
         """The tp group of replica d of pipeline rank r (None without tensor parallelism)."""
@@ -371,7 +390,7 @@ class _Builder(CommWriter):
                 params = self.prefetched.get((r, ops0[idx].layer), params)
             for lane, (_d, gpus, ops, frontier, last) in enumerate(lanes):
                 op = ops[idx]
-                if op.kind == K_EP:  # one all-to-all per expert-parallel group, at the first of its lanes
+                if op.kind in (K_EP, K_CP):  # one task per expert- or context-parallel group, at its first lane
                     self._all_to_all(a, idx, lane, lanes, hosts, launch_ends if hosts else [], cuts)
                 elif op.kind == K_TP:
                     assert op.comm is not None
@@ -425,7 +444,8 @@ class _Builder(CommWriter):
         """Op `idx` of action `a`, an all-to-all, over each expert-parallel group: one task per tp rank spanning the
         group's replicas among the simulated lanes, after each member's previous op; emitted at the group's first
         lane (the others' `last` are then set)."""
-        ep = self.flow.strategy.ep
+        assert lanes[lane][2][idx].comm is not None
+        ep = lanes[lane][2][idx].comm.group_size  # the group's size: ep, or cp
         d0 = lanes[lane][0]
         if any(other[0] // ep == d0 // ep for other in lanes[:lane]):
             return  # emitted with the group's first lane
@@ -435,8 +455,8 @@ class _Builder(CommWriter):
         for j in range(len(self.lanes_t)):
             gpus = tuple(lanes[i][1][j] for i in members)
             deps = [lanes[i][4][j] for i in members if lanes[i][4][j] >= 0]
-            tid = self.flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, gpus), K_EP, op.name, op.layer, a.stage,
-                                a.microbatch, op.key, deps)  # fmt: skip
+            tid = self.flow.add(op.dur, self.comm_slots(S_TP, op.comm.scope, gpus), op.kind, op.name, op.layer,
+                                a.stage, a.microbatch, op.key, deps)  # fmt: skip
             for i in members:
                 if hosts and self._constrained(lanes[i][2], idx, lanes[i][1][j], cuts):
                     self.flow.release(hosts[i][j], tid, launch_ends[idx])
@@ -526,7 +546,7 @@ class _Builder(CommWriter):
                 parts[-1].append(o)
             out = []
             for part in parts:
-                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind in (K_TP, K_EP) and o.comm is not None
+                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind in MODEL_PARALLEL and o.comm is not None
                          else (g, S_COMPUTE) for o in part]  # fmt: skip
                 done = part[-1].layer if part[-1].layer in cuts else None
                 out.append((Chain.of(part, slots, self.speed[g]), done))
