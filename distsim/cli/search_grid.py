@@ -46,6 +46,8 @@ from distsim.core.sync import DDP_BUCKET_CAP_MB
 @click.option("--ep", "ep_text", default="1", show_default=True, metavar="LIST",
               help="Expert-parallel degrees to try (mixture-of-experts models), e.g. 1,2,4,8: each where it divides "
               "dp and the experts.")  # fmt: skip
+@click.option("--cp", "cp_text", default="1", show_default=True, metavar="LIST",
+              help="Context-parallel degrees to try, e.g. 1,2,4: each where it divides dp and the sequence.")
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
@@ -141,6 +143,7 @@ class GridOptions(Options):
     recompute_text: str = "none"
     sharding_text: str = "none"
     ep_text: str = "1"
+    cp_text: str = "1"
     uneven_stages: bool = False
     ignore_memory: bool = False
     workers: int | None = None
@@ -161,6 +164,7 @@ class GridOptions(Options):
             recompute_modes=_modes(self.recompute_text, RECOMPUTE_MODES, "--recompute"),
             sharding_modes=_modes(self.sharding_text, SHARDING_MODES, "--optimizer-sharding"),
             ep_degrees=opt_int_list(self.ep_text, "--ep") or (1,),
+            cp_degrees=opt_int_list(self.cp_text, "--cp") or (1,),
             bucket_cap_mb=self.bucket_cap_mb or DDP_BUCKET_CAP_MB,
             even_stages=not self.uneven_stages,
             memory_filter=not self.ignore_memory,

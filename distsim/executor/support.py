@@ -38,6 +38,9 @@ def refuse_unsupported(model: Model, strategy: Strategy, stage_ranges: tuple[tup
     if strategy.ep > 1:
         raise DistsimError(f"distsim execute runs expert parallelism 1 only, not ep={strategy.ep} (every rank holds "
                            "every expert; distsim simulate models the all-to-alls)")  # fmt: skip
+    if strategy.cp > 1:
+        raise DistsimError(f"distsim execute runs whole sequences, not context parallelism cp={strategy.cp} "
+                           "(distsim simulate models its ring attention)")  # fmt: skip
     if strategy.recompute not in RECOMPUTE:
         raise DistsimError(f"distsim execute runs --recompute {' or '.join(RECOMPUTE)}, not {strategy.recompute} "
                            "(its blocks run attention as one module; distsim simulate models selective)")  # fmt: skip

@@ -21,7 +21,7 @@ import pandas as pd
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
-from distsim.core.models.context import rank_view
+from distsim.core.models.context import context_problem, rank_view
 from distsim.core.models.graph import Model
 from distsim.core.models.moe import expert_counts
 from distsim.core.schedules import build_schedule
@@ -60,6 +60,9 @@ class GridSpec:
     sharding_modes: tuple[str, ...] = ("none",)
     ep_degrees: tuple[int, ...] = (1,)
     """Expert-parallel degrees to try (mixture-of-experts models): each where it divides dp and the experts."""
+    cp_degrees: tuple[int, ...] = (1,)
+    """Context-parallel degrees to try: each where it divides dp, the global batch still splits into whole
+    micro-batches, and the model's sequence into 2 cp chunks."""
     """Optimizer sharding modes to try (none, zero1, zero2, zero3); with dp = 1 only none (the others are the same)."""
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     """DDP's bucket size in MiB (grad_sync ddp)."""
@@ -142,6 +145,7 @@ class GridResult:
                 **({"recompute": s.recompute} if len(self.spec.recompute_modes) > 1 else {}),
                 **({"zero": s.optimizer_sharding} if len(self.spec.sharding_modes) > 1 else {}),
                 **({"ep": s.ep} if self.spec.ep_degrees != (1,) else {}),
+                **({"cp": s.cp} if self.spec.cp_degrees != (1,) else {}),
                 "iteration_s": p.iteration_time_s,
                 "samples_per_s": tput,
             }
@@ -271,6 +275,7 @@ def grid_search(
         strategies = [framework.synchronised(s, model.precision.grad_bytes) for s in strategies]
     strategies = with_memory_modes(strategies, spec.recompute_modes, spec.sharding_modes)
     strategies = with_expert_parallelism(strategies, spec.ep_degrees, expert_counts(model))
+    strategies = with_context_parallelism(strategies, spec.cp_degrees, model)
     if not strategies:
         reasons = Counter(k.reason for k in skipped).most_common(1)
         why = f"; most often: {reasons[0][0]}" if reasons else ""
@@ -302,6 +307,22 @@ def with_expert_parallelism(strategies: list[Strategy], degrees: tuple[int, ...]
         for ep in degrees:
             if s.dp % ep == 0 and all(n % ep == 0 for n in experts) and (ep == 1 or experts):
                 out.append(s if ep == 1 else s.with_(ep=ep))
+    return out
+
+
+def with_context_parallelism(strategies: list[Strategy], degrees: tuple[int, ...], model: Model) -> list[Strategy]:
+    """Every strategy under every context-parallel degree that divides its dp and the model's sequence (in 2 cp
+    chunks), not beside expert parallelism. A cp group shares its samples, so the micro-batches grow cp-fold for the
+    same global batch."""
+    if degrees == (1,):
+        return strategies
+    out = []
+    for s in strategies:
+        for cp in degrees:
+            if cp == 1:
+                out.append(s)
+            elif s.dp % cp == 0 and s.ep == 1 and context_problem(model, cp) is None:
+                out.append(s.with_(cp=cp, num_micro_batches=s.num_micro_batches * cp))
     return out
 
 

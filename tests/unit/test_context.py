@@ -108,3 +108,21 @@ def test_a_launch_line_with_context_parallelism() -> None:
             "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 16 --bf16")  # fmt: skip
     job = parse_megatron_args(line)
     assert job.strategy["cp"] == 4 and job.degrees(64) == (8, 1, 8, 8)  # 8 replicas, 2 sequences at once
+
+
+def test_the_grid_tries_context_parallel_degrees_at_the_same_global_batch() -> None:
+    from distsim.search.grid import GridSpec, grid_search
+
+    cluster = get_cluster("dgx-h100").with_nodes(1)
+    spec = GridSpec(gpus=8, global_batch=8, micro_batch_sizes=(1,), tp_degrees=(2,), pp_degrees=(1,),
+                    cp_degrees=(1, 2, 4))  # fmt: skip
+    r = grid_search(get_model("llama3-8b:layers=2,seq=16384"), cluster, spec, workers=1)
+    assert {(p.strategy.cp, p.strategy.global_batch_size) for p in r.points} == {(1, 8), (2, 8), (4, 8)}
+    assert "cp" in r.table().columns
+
+
+def test_the_executor_refuses_context_parallelism() -> None:
+    from distsim.executor.support import refuse_unsupported
+
+    with pytest.raises(DistsimError, match="not context parallelism cp=2"):
+        refuse_unsupported(get_model("gpt2-cpu"), Strategy(dp=2, cp=2), ((0, 6),))
