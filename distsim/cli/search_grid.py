@@ -46,8 +46,14 @@ from distsim.core.sync import DDP_BUCKET_CAP_MB
 @click.option("--ep", "ep_text", default="1", show_default=True, metavar="LIST",
               help="Expert-parallel degrees to try (mixture-of-experts models), e.g. 1,2,4,8: each where it divides "
               "dp and the experts.")  # fmt: skip
-@click.option("--cp", "cp_text", default="1", show_default=True, metavar="LIST",
-              help="Context-parallel degrees to try, e.g. 1,2,4: each where it divides dp and the sequence.")
+@click.option(
+    "--cp",
+    "cp_text",
+    default="1",
+    show_default=True,
+    metavar="LIST",
+    help="Context-parallel degrees to try, e.g. 1,2,4: each where it divides dp and the sequence.",
+)
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline degrees that do not divide the transformer layer count.")  # fmt: skip
 @click.option("--ignore-memory", is_flag=True, help="Simulate configurations that do not fit in memory too.")
