@@ -23,6 +23,7 @@ from distsim.cli.common import (
     scale_options,
     strategy_overrides,
 )
+from distsim.cli.megatron_job import global_batch_option, with_global_batch
 from distsim.cli.options import ExecuteArgs, StrategyOptions, TargetOptions
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
@@ -44,6 +45,7 @@ from distsim.io.output import check_output
 @click.option("--schedule", type=RegistryChoice(SCHEDULES), help="[default: 1f1b]")
 @click.option("--virtual-stages", type=click.IntRange(min=2), help="Chunks per rank (interleaved).")
 @click.option("--policy", type=click.Choice(["A", "B"], case_sensitive=False), help="DAPPLE warm-up policy.")
+@global_batch_option
 @grad_sync_options()
 @scale_options
 @click.option("--partition", metavar="N:N:...", help="Layers per stage. [default: the simulator's balanced partition]")
@@ -156,8 +158,8 @@ def _checked_strategy(args: ExecuteArgs, job: TargetOptions, model: Any, cluster
     from distsim.executor.support import refuse_unsupported
     from distsim.sim.flow.events import resolve_partition
 
-    overrides, _ = strategy_overrides(args.strategy)
-    strategy = Strategy.from_str(job.strategy_text, **overrides)
+    overrides, given = strategy_overrides(args.strategy)
+    strategy = with_global_batch(Strategy.from_str(job.strategy_text, **overrides), args.strategy.global_batch, given)
     if burst is None:  # a burst plan's one-stage view runs on many GPUs: check_plan checks it below
         check_strategy(strategy, model, cluster)
     planned = strategy  # as given: a new profile may balance another partition
@@ -206,7 +208,8 @@ def _config(args: ExecuteArgs, job: TargetOptions, cluster: Any, strategy: Any, 
 PLAN, ELASTIC, BOTH = "plan", "elastic", "both"
 USED_BY: dict[str, str] = {
     "model_name": BOTH, "cluster_name": PLAN, "nodes": PLAN, "strategy_text": PLAN, "plan_path": PLAN,
-    "micro_batches": PLAN, "micro_batch_size": BOTH, "schedule": PLAN, "virtual_stages": PLAN, "policy": PLAN,
+    "micro_batches": PLAN, "global_batch": PLAN, "micro_batch_size": BOTH, "schedule": PLAN, "virtual_stages": PLAN,
+    "policy": PLAN,
     "grad_sync": PLAN, "bucket_cap_mb": PLAN, "recompute": PLAN, "recompute_layers": PLAN, "sequence_parallel": PLAN,
     "optimizer_sharding": PLAN, "partition": PLAN, "profile_path": PLAN, "p2p_mode": PLAN, "iterations": PLAN,
     "warmup": PLAN, "seed": BOTH, "out": PLAN, "emulate_nodes": BOTH, "procs_per_node": BOTH, "link_bandwidth": PLAN,

@@ -21,18 +21,22 @@ from distsim.core.errors import DistsimError
 
 @dataclass(frozen=True)
 class JobSourceOptions(Options):
-    """``--megatron-args`` (the model and strategy from a launch line) and ``--global-batch``."""
+    """``--megatron-args``: the model and strategy from a launch line."""
 
     megatron_args: str | None = None
-    global_batch: int | None = None
+
+
+def global_batch_option(f: Any) -> Any:
+    """``--global-batch`` (:class:`~distsim.cli.options.StrategyOptions`' ``global_batch``)."""
+    return click.option(
+        "--global-batch", type=click.IntRange(min=1), default=None, metavar="N",
+        help="Samples per iteration over all replicas: sets the micro-batches, N / (dp / cp x micro-batch size) "
+        "(instead of --micro-batches).",
+    )(f)  # fmt: skip
 
 
 def job_source_options(f: Any) -> Any:
-    f = click.option(
-        "--global-batch", type=click.IntRange(min=1), default=None, metavar="N",
-        help="Samples per iteration over all replicas: sets the micro-batches, N / (dp x micro-batch size) "
-        "(instead of --micro-batches).",
-    )(f)  # fmt: skip
+    f = global_batch_option(f)
     return click.option(
         "--megatron-args", default=None, metavar="'ARGS'|@FILE",
         help="A Megatron-LM pretrain_gpt.py launch line (or @FILE holding one): the model (layers, hidden, heads, "

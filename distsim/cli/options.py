@@ -108,6 +108,8 @@ class StrategyOptions(Options):
     optimizer_sharding: str | None = None
     partition: str | None = None
     sequence_parallel: bool = False
+    global_batch: int | None = None
+    """--global-batch: the micro-batches from the samples per iteration (not a Strategy field itself)."""
 
 
 @dataclass(frozen=True)

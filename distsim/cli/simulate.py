@@ -242,7 +242,7 @@ def simulate(**kw: Any) -> None:
     costs_given = args.costs.for_model(job.model_name)  # a torch module's profile: its events go with its graph
     target = _target(plan, job, model, args.strategy, megatron, cluster.num_gpus)
     if plan is None:
-        target = with_global_batch(target, args.source.global_batch, strategy_overrides(args.strategy)[1])
+        target = with_global_batch(target, args.strategy.global_batch, strategy_overrides(args.strategy)[1])
     runtime = getattr(PLAN_KINDS[plan.kind], "framework", None) if plan is not None else None  # optional on a kind
     if megatron is not None:  # the launch line's overlap switches on the framework
         framework = megatron_framework(megatron, load_framework_for(costs_given))

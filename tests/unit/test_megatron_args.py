@@ -119,3 +119,11 @@ def test_the_shipped_example_is_the_zoo_model() -> None:
     assert job.unknown == ()
     assert get_model(job.spec).params == get_model("llama3-70b:precision=fp8").params
     assert job.degrees(64) == (8, 4, 2, 64)
+
+
+def test_execute_takes_a_global_batch_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same rule as simulate's, checked before anything is launched."""
+    base = ["execute", "--model", "gpt2-cpu", "--cluster", "cpu-1x2", "--strategy", "1M1P2D", "--micro-batch-size",
+            "2"]  # fmt: skip
+    code, _, err = run_cli([*base, "--global-batch", "6"], capsys)
+    assert code == 2 and "--global-batch 6 is not a multiple of dp 2 x micro-batch size 2 = 4" in err
