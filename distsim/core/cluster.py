@@ -290,6 +290,19 @@ H100_80GB = GPU(
 )  # H100 datasheet: BF16 989 TF dense, FP8 1979 TF dense (3958 with sparsity), FP32 67 TF, 3.35 TB/s; Hopper
 # whitepaper: 132 SMs (SXM5), 4 tensor cores x 1024 dense FP16 FLOPs/clock per SM, so 989 TF at 1830 MHz; micro.log's
 # device reports 132 SMs and a 50 MB L2
+H200 = GPU(
+    "H200-SXM-141GB",
+    989 * TFLOPS,
+    141 * GB,
+    4800 * GB,
+    sm_count=132,
+    clock_hz=1.83e9,
+    fp32_flops_per_s=67 * TFLOPS,
+    fp8_flops_per_s=1979 * TFLOPS,
+    **_MEASURED_H100,
+)  # H200 datasheet: the H100's Hopper GH100 (the same BF16 989 / FP8 1979 TF dense, FP32 67 TF, 132 SMs) with
+# 141 GB of HBM3e at 4.8 TB/s; the kernel model's measured figures are the H100's (shared/evidence/h200-2026-11-26 ran
+# this GPU with the H100's bandwidth, which this preset corrects)
 
 CPU_CORE = GPU(
     "x86 CPU core (1 thread)",
@@ -413,6 +426,17 @@ _PRESETS: dict[str, Cluster] = {
         "links at their achievable payload rate (NVLink packet and IB packet headers: NVLINK_PAYLOAD, IB_PAYLOAD); "
         "128 nodes (1024 GPUs)",
     ),
+    "dgx-h200": Cluster(
+        "dgx-h200",
+        128,
+        8,
+        H200,
+        Link(450 * GB * NVLINK_PAYLOAD, 3e-6),
+        Link(400 * Gbit * IB_PAYLOAD, 5e-6),
+        8,
+        source="NVIDIA DGX H200: 8x H200 with NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB "
+        "(as DGX H100); links at their achievable payload rate; 128 nodes",
+    ),
     "dgx-h100": Cluster(
         "dgx-h100",
         128,
@@ -465,8 +489,8 @@ def gpu_type_names() -> tuple[str, ...]:
     return tuple(_GPUS)
 
 
-for _name, _gpu in (("A10", A10), ("A40", A40), ("A100", A100_80GB), ("H100", H100_80GB), ("P100", P100_16GB),
-                    ("T4", T4_16GB), ("V100", V100_32GB), ("V100-16GB", V100_16GB)):  # fmt: skip
+for _name, _gpu in (("A10", A10), ("A40", A40), ("A100", A100_80GB), ("H100", H100_80GB), ("H200", H200),
+                    ("P100", P100_16GB), ("T4", T4_16GB), ("V100", V100_32GB), ("V100-16GB", V100_16GB)):  # fmt: skip
     register_gpu(_name, _gpu)
 del _name, _gpu
 

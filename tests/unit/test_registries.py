@@ -170,7 +170,7 @@ def test_a_registered_gpu_type_is_a_choice_and_runs(toy_gpu: str, capsys: pytest
 def test_an_unregistered_gpu_type_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli([*ELASTIC, "Toy-T4:4"], capsys)
     assert code == 2 and err.strip().splitlines() == [
-        "distsim: error: unknown GPU type 'Toy-T4'; known: A10, A40, A100, H100, P100, T4, V100, V100-16GB"
+        "distsim: error: unknown GPU type 'Toy-T4'; known: A10, A40, A100, H100, H200, P100, T4, V100, V100-16GB"
     ]
     with pytest.raises(ClusterError, match="without ':' or ','"):
         register_gpu("T4:8", GPUS["T4"])
