@@ -47,7 +47,8 @@ def load(text: str, max_chars: int) -> Any:
 
 
 _BLANK = " \t\r\n"
-_NODE_STARTS = "-?:"  # "- ", "? " and ": " start a node (followed by a blank)
+_NODE_STARTS = "-?:"  # "- ", "? " and ": " start a node (followed by a blank; "- " and "? " only where a node could
+# start: inside a plain scalar, as in ":? [", they are its characters)
 
 
 def flow_depth(text: str, limit: int) -> int:
@@ -97,7 +98,7 @@ def flow_depth(text: str, limit: int) -> int:
         elif c in "]}" and depth:
             depth -= 1
             at_start = False
-        elif (c == "," and depth) or (c in _NODE_STARTS and _indicator(text, i, depth)):
+        elif (c == "," and depth) or (c in _NODE_STARTS and _indicator(text, i, depth) and (c == ":" or at_start)):
             at_start = True
         elif c in "'\"" and at_start:
             i = _quoted_end(text, i)

@@ -51,6 +51,8 @@ def test_flow_depth_matches_the_parser_on_dumped_documents(doc: Any, flow: bool)
         ("- >-\n    {{{{\n- [[x]]\n", 2),
         ('{"a":[1,{"b":[]}]}', 4),  # JSON is YAML
         ("[it's, [x]]\n", 2),  # an apostrophe inside a plain scalar in flow context
+        ("k: :? [\n", 0),  # "? " inside a plain scalar (which began with ':') starts no node
+        ("a - [b]\n", 0),
     ],
 )  # fmt: skip
 def test_flow_depth_hand_cases(text: str, depth: int) -> None:
