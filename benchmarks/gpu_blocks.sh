@@ -15,9 +15,10 @@ if ! python3 -c "import simpy" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/simpy-*.whl && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+base=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('dgx-h200' if 'H200' in n else 'dgx-h100' if 'H100' in n else 'dgx-a100')")
 cat > "$OUT/cluster-1gpu.yaml" <<YAML
-base: dgx-h100
-name: h100-1gpu
+base: $base
+name: local-1gpu
 nodes: 1
 gpus_per_node: 1
 YAML

@@ -63,7 +63,8 @@ FAILED=()
 import json, sys, torch
 out = sys.argv[1]
 props = torch.cuda.get_device_properties(0)
-base = "dgx-h100" if any(x in props.name for x in ("H100", "H200", "H800", "GH200")) else "dgx-a100"
+base = ("dgx-h200" if "H200" in props.name  # its own memory bandwidth (4.8 TB/s), not the H100's
+        else "dgx-h100" if any(x in props.name for x in ("H100", "H800")) else "dgx-a100")
 for n in (1, 2):
     with open(f"{out}/cluster-{n}gpu.yaml", "w") as f:
         f.write(f"base: {base}\nname: local-{n}gpu\nnodes: 1\ngpus_per_node: {n}\n"

@@ -34,7 +34,8 @@ from distsim.io.output import check_output
 @click.option("--model", "-m", "model_name", metavar="NAME|FILE", help="Zoo model spec or model file.")
 @click.option("--torch-model", metavar="MODULE:FUNCTION", help="Your own torch module instead: FUNCTION() returns "
               "(nn.Module, example micro-batch); its repeated blocks are found and timed, and --out gets its layer "
-              "graph for `distsim simulate --model OUT`. MODULE may be path/to/file.py.")  # fmt: skip
+              "graph for `distsim simulate --model OUT`. MODULE may be path/to/file.py. Its blocks run whole: "
+              "tensor parallelism 1 (strategies with tp > 1 are refused), pipeline and data parallelism.")  # fmt: skip
 @click.option("--cluster", "-c", "cluster_name", metavar="NAME|FILE",
               help="The cluster the strategies are for (decides group sizes and intra/inter scopes).")  # fmt: skip
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the cluster's node count.")

@@ -51,6 +51,11 @@ def profile_torch_model(args: ProfileArgs) -> None:
         cluster = cluster.with_nodes(job.nodes)
     rank = int(os.environ.get("RANK", 0))
     overrides, _ = strategy_overrides(args.strategy)
+    split = [s for s in targets.strategies if Strategy.from_str(s, **overrides).tp > 1]
+    if split:  # before anything is traced or timed: its blocks are whole modules
+        raise DistsimError(f"--torch-model profiles your module's blocks whole, for tensor parallelism 1: "
+                           f"--strategy {split[0]} splits them (tp > 1); use pipeline and data parallelism "
+                           "(e.g. 1M2P1D)")  # fmt: skip
     traced = _trace(torch, targets.torch_model, args.strategy.micro_batch_size) if rank == 0 else None
     mbs = traced.micro_batch_size if traced is not None else args.strategy.micro_batch_size or 1
     strategies = [Strategy.from_str(s, **{**overrides, "micro_batch_size": mbs}) for s in targets.strategies]

@@ -55,6 +55,7 @@ from distsim.cli.options import (
 )
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
+from distsim.infra.self_check import device_mismatch
 from distsim.plans.kinds import PLAN_KINDS
 from distsim.plans.simulate import DEFAULT_MAX_TASKS, check_size, estimate_size
 from distsim.sim.flow.events import LINK_SHARING
@@ -385,6 +386,9 @@ def _report(result: Any, job: TargetOptions, costs_given: CostOptions, costs: An
             data["collocation"] = collocated.to_dict()
         if provenance is not None:
             data["profile"] = {"path": costs_given.profile_path, "provenance": provenance}
+            mismatch = device_mismatch(provenance, result.cluster.gpu.name, result.cluster.gpu.sm_count > 0)
+            if mismatch:
+                data["profile"]["warning"] = mismatch
         click.echo(json.dumps(data, indent=2))
         return
     report = bool(stdout_taken)  # an output on stdout: the summary goes to stderr
@@ -393,6 +397,9 @@ def _report(result: Any, job: TargetOptions, costs_given: CostOptions, costs: An
         what = ", ".join(f"{k} {provenance[k]}" for k in ("device", "backend", "torch", "date") if k in provenance)
         also = " (also the model's layer graph)" if costs_given.profile_path == job.model_name else ""
         click.echo(f"profile: {costs_given.profile_path}{also} ({what or 'no provenance recorded'})", err=report)
+        mismatch = device_mismatch(provenance, result.cluster.gpu.name, result.cluster.gpu.sm_count > 0)
+        if mismatch:
+            click.echo(f"warning: {mismatch}", err=True)
         click.echo(_load_note(provenance), nl=False, err=report)
     if collocated is not None:
         click.echo("\n" + format_report(collocated), err=report)

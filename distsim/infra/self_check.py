@@ -78,6 +78,31 @@ def bias_warning(provenance: Mapping[str, Any], limit: float = BIAS_LIMIT) -> st
             "(distsim profile show)")  # fmt: skip
 
 
+ACCELERATOR_WORDS = ("nvidia", "geforce", "tesla", "radeon", "instinct", "cuda")
+"""Words of a device name that mark an accelerator (a profile measured on a GPU), not a CPU."""
+
+
+def device_mismatch(provenance: Mapping[str, Any], gpu_name: str, accelerator: bool) -> str | None:
+    """A line when a profile was measured on another device than the cluster's GPU (its event times are that
+    device's): a CPU profile for a GPU cluster, a GPU profile for a CPU one, or another GPU model (the first word
+    of the cluster GPU's name with a digit, e.g. ``h100`` of ``H100-SXM5-80GB``, not in the profiled device's
+    name). None when they match or the profile names no device."""
+    profiled = str(provenance.get("device") or "")
+    if not profiled:
+        return None
+    on_accelerator = any(w in profiled.lower() for w in ACCELERATOR_WORDS)
+    if on_accelerator == accelerator:
+        words = [w for w in _words(gpu_name) if any(ch.isdigit() for ch in w)]
+        if not accelerator or not words or words[0] in profiled.lower():
+            return None
+    return (f"the profile was measured on {profiled}, not on the cluster's {gpu_name}: its event times are that "
+            "device's; profile on the cluster's GPU, or leave --profile out for analytic estimates")  # fmt: skip
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in "".join(ch if ch.isalnum() else " " for ch in name.lower()).split() if w]
+
+
 def describe(provenance: Mapping[str, Any], ratios: Mapping[str, float]) -> list[str]:
     """Lines for ``distsim profile show``: the latest self-check's chains and the events furthest from 1."""
     check = provenance.get("self_check")
