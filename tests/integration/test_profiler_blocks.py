@@ -3,9 +3,6 @@ Megatron's f/g collectives (two ranks emulated by two threads in one process), F
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-
 import pytest
 import torch
 from torch import Tensor
@@ -15,7 +12,6 @@ from distsim.core.models.cnn import _Builder, inception_v3, resnet50
 from distsim.core.models.graph import FP32, Block, Layer
 from distsim.core.models.transformer import attention_block, embedding_layer, lm_head_layer, mlp_block
 from distsim.profiler.blocks import (
-    BlockModule,
     replicated_param_count,
     shard_param_count,
     shard_state_from_full,
@@ -23,8 +19,9 @@ from distsim.profiler.blocks import (
 )
 from distsim.profiler.build import build_block, can_build
 from distsim.profiler.compute import count_flops, device_name, time_compute_event
-from distsim.profiler.tp_comm import ReduceOp, TPComm
+from distsim.profiler.tp_comm import TPComm
 from distsim.sim.costs import ComputeEvent
+from tests.tp_shards import ThreadComm, _Rendezvous, backward, check_tp_shards, randomize, run_ranks
 
 H, HEADS, SEQ, FFN, VOCAB, KV_SEQ = 32, 4, 8, 64, 64, 12
 MBS = 2
@@ -78,21 +75,6 @@ def expected_shape(block: Block, mbs: int) -> tuple[int, ...]:
         return (mbs, s["cout"], hw, hw)
     c, hw = s.get("cout", s.get("c")), s.get("out_hw", s["hw"])
     return (mbs, c, hw, hw)
-
-
-def randomize(module: torch.nn.Module, seed: int = 0) -> None:
-    """Non-trivial values everywhere (biases and norms too, so a bias added twice would show)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
-
-
-def backward(out: Tensor, seed: int = 1) -> None:
-    if out.ndim == 0:
-        out.backward()
-    else:
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype))
 
 
 # ------------------------------------------------------------------------------------------ params and shapes
@@ -167,53 +149,6 @@ def test_torch_dtype() -> None:
 
 
 # ------------------------------------------------------------------------------ tensor-parallel equivalence
-class _Rendezvous:
-    def __init__(self, ranks: int) -> None:
-        self.slots: list[Tensor | None] = [None] * ranks
-        self.barrier = threading.Barrier(ranks, timeout=300)
-
-
-class ThreadComm(TPComm):
-    """One rank of an in-process tp group whose ranks are threads: all-reduce through shared slots and barriers
-    (every rank reduces the slots in rank order, so all get bit-identical results)."""
-
-    def __init__(self, rendezvous: _Rendezvous, rank: int) -> None:
-        self.rv, self.rank = rendezvous, rank
-
-    def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum") -> Tensor:
-        self.rv.slots[self.rank] = tensor
-        self.rv.barrier.wait()
-        parts = [t for t in self.rv.slots if t is not None]
-        out = parts[0].clone()
-        for t in parts[1:]:
-            out = out + t if op == "sum" else torch.maximum(out, t)
-        self.rv.barrier.wait()
-        return out
-
-
-def run_ranks(tp: int, fn: Callable[[int, TPComm], object]) -> list[object]:
-    """Run fn(rank, comm) for every rank in its own thread; re-raise the first failure."""
-    rv = _Rendezvous(tp)
-    results: list[object] = [None] * tp
-    errors: list[BaseException] = []
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = fn(rank, ThreadComm(rv, rank))
-        except BaseException as exc:
-            errors.append(exc)
-            rv.barrier.abort()
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(tp)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 def test_comm_hooks_f_and_g() -> None:
     local = TPComm.local()
     x = torch.ones(3, requires_grad=True)
@@ -239,34 +174,7 @@ def test_comm_hooks_f_and_g() -> None:
 def test_tensor_parallel_shards_match_reference(name: str) -> None:
     """tp=2 shards sliced from the tp=1 reference, collectives emulated by two threads, give the reference's output
     (or loss), input gradients, and parameter gradients (split ones equal the reference's slices)."""
-    block, tp = TRANSFORMER[name], 2
-    full = build_block(block, dtype=torch.float64)
-    randomize(full)
-    inputs = full.example_inputs(MBS, torch.Generator().manual_seed(3))
-    ref_out = full(*inputs)
-    backward(ref_out)
-    ref_in_grads = [x.grad for x in inputs if x.requires_grad]
-    ref_param_grads = {n: p.grad for n, p in full.named_parameters()}
-
-    def rank_fn(rank: int, comm: TPComm) -> tuple[Tensor, list[Tensor], dict[str, Tensor], BlockModule]:
-        shard = build_block(block, tp, rank, comm, torch.float64)
-        shard.load_state_dict(shard_state_from_full(full, tp, rank))
-        own = tuple(x.detach().clone().requires_grad_(x.requires_grad) for x in inputs)
-        out = shard(*own)
-        backward(out)
-        grads = {n: p.grad for n, p in shard.named_parameters()}
-        return out.detach(), [x.grad for x in own if x.requires_grad], grads, shard
-
-    for rank, (out, in_grads, param_grads, shard) in enumerate(run_ranks(tp, rank_fn)):  # type: ignore[misc]
-        assert shard.param_count() == shard_param_count(block, tp)
-        torch.testing.assert_close(out, ref_out.detach())
-        assert len(in_grads) == len(ref_in_grads)
-        for got, want in zip(in_grads, ref_in_grads, strict=True):
-            torch.testing.assert_close(got, want)
-        want_grads = shard_state_from_full(full, tp, rank, ref_param_grads)
-        assert set(param_grads) == set(want_grads)
-        for n, g in param_grads.items():
-            torch.testing.assert_close(g, want_grads[n], msg=f"gradient of {n} on rank {rank}")
+    check_tp_shards(TRANSFORMER[name], 2, MBS)
 
 
 def test_shard_state_slices_split_dims() -> None:

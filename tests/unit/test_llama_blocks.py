@@ -5,14 +5,11 @@ ranks emulated by threads), the attention against a hand-written reference, and 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from distsim import get_model
 from distsim.core.models.arch import LLAMA
@@ -20,14 +17,12 @@ from distsim.core.models.graph import FP32, Block
 from distsim.core.models.transformer import attention_block, mlp_block
 from distsim.profiler.blocks import (
     AttentionModule,
-    BlockModule,
     replicated_param_count,
     shard_param_count,
-    shard_state_from_full,
 )
 from distsim.profiler.build import build_block
 from distsim.profiler.llama_blocks import apply_rope, rope_tables
-from distsim.profiler.tp_comm import ReduceOp, TPComm
+from tests.tp_shards import backward, check_tp_shards, randomize
 
 H, HEADS, KV, SEQ, FFN = 64, 8, 2, 16, 96
 MBS = 2
@@ -42,18 +37,6 @@ def _blocks() -> dict[str, Block]:
 
 
 BLOCKS = _blocks()
-
-
-def randomize(module: torch.nn.Module, seed: int = 0) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
-
-
-def backward(out: Tensor) -> None:
-    grad = None if out.ndim == 0 else torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    out.backward(grad)
 
 
 @pytest.mark.parametrize("op", list(BLOCKS))
@@ -74,72 +57,9 @@ def test_module_matches_block(op: str) -> None:
 
 
 # ------------------------------------------------------------------------------ tensor-parallel equivalence
-class ThreadComm(TPComm):
-    """One rank of an in-process tp group of threads: all-reduce through shared slots, summed in rank order."""
-
-    def __init__(self, slots: list[Tensor | None], barrier: threading.Barrier, rank: int) -> None:
-        self.slots, self.barrier, self.rank = slots, barrier, rank
-
-    def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum") -> Tensor:
-        self.slots[self.rank] = tensor
-        self.barrier.wait()
-        parts = [t for t in self.slots if t is not None]
-        out = parts[0].clone()
-        for t in parts[1:]:
-            out = out + t if op == "sum" else torch.maximum(out, t)
-        self.barrier.wait()
-        return out
-
-
-def run_ranks(tp: int, fn: Callable[[int, TPComm], object]) -> list[object]:
-    slots: list[Tensor | None] = [None] * tp
-    barrier = threading.Barrier(tp, timeout=60)
-    results: list[object] = [None] * tp
-    errors: list[BaseException] = []
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = fn(rank, ThreadComm(slots, barrier, rank))
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(tp)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
-
-
 @pytest.mark.parametrize("op", ["attention", "mlp", "lm_head"])
 def test_tp2_shards_match_full_module(op: str) -> None:
-    block, tp = BLOCKS[op], 2
-    full = build_block(block, dtype=torch.float64)
-    randomize(full)
-    inputs = full.example_inputs(MBS, torch.Generator().manual_seed(3))
-    ref = full(*inputs)
-    backward(ref)
-    ref_grads = {n: p.grad for n, p in full.named_parameters()}
-
-    def rank_fn(rank: int, comm: TPComm) -> tuple[Tensor, Tensor, dict[str, Tensor], BlockModule]:
-        shard = build_block(block, tp, rank, comm, torch.float64)
-        shard.load_state_dict(shard_state_from_full(full, tp, rank))
-        own = tuple(x.detach().clone().requires_grad_(x.requires_grad) for x in inputs)
-        out = shard(*own)
-        backward(out)
-        return out.detach(), own[0].grad, {n: p.grad for n, p in shard.named_parameters()}, shard
-
-    for rank, (out, in_grad, grads, shard) in enumerate(run_ranks(tp, rank_fn)):  # type: ignore[misc]
-        assert shard.param_count() == shard_param_count(block, tp)
-        torch.testing.assert_close(out, ref.detach())
-        torch.testing.assert_close(in_grad, inputs[0].grad)
-        want = shard_state_from_full(full, tp, rank, ref_grads)
-        assert set(grads) == set(want)
-        for n, g in grads.items():
-            torch.testing.assert_close(g, want[n], msg=f"gradient of {n} on rank {rank}")
+    check_tp_shards(BLOCKS[op], 2, MBS)
 
 
 def test_gqa_refuses_tp_that_splits_a_group() -> None:

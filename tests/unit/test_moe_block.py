@@ -20,13 +20,12 @@ from distsim.core.models.graph import FP32, Block
 from distsim.core.models.moe import moe_block
 from distsim.core.strategy import Strategy
 from distsim.executor.support import refuse_unsupported
-from distsim.profiler.blocks import BlockModule, replicated_param_count, shard_param_count, shard_state_from_full
+from distsim.profiler.blocks import replicated_param_count, shard_param_count
 from distsim.profiler.build import build_block
 from distsim.profiler.llama_blocks import RMSNORM_EPS
 from distsim.profiler.moe_block import MoEModule
-from distsim.profiler.tp_comm import TPComm
 from tests.sweep import check_bad_input
-from tests.unit.test_llama_blocks import backward, randomize, run_ranks
+from tests.tp_shards import backward, check_tp_shards, randomize
 
 H, SEQ, FFN, EXPERTS, TOP_K, SHARED = 16, 8, 12, 4, 2, 8
 MBS = 2
@@ -88,33 +87,11 @@ def test_an_expert_without_tokens_still_gets_a_gradient() -> None:
 # ------------------------------------------------------------------------------ tensor-parallel equivalence
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_tp2_shards_match_full_module(name: str) -> None:
-    block, tp = BLOCKS[name], 2
-    full = build_block(block, dtype=torch.float64)
-    randomize(full)
-    (x,) = full.example_inputs(MBS, torch.Generator().manual_seed(3))
-    ref = full(x)
-    backward(ref)
-    ref_grads = {n: p.grad for n, p in full.named_parameters()}
+    block = BLOCKS[name]
+    ref_grads = check_tp_shards(block, 2, MBS)
     assert all(g is not None for g in ref_grads.values())
     # top-1 renormalised is a weight of 1 whatever the router says: its gradient is 0 (Mixtral's routing too)
-    assert (ref_grads["router.weight"].abs().max() > 1e-9) == (full.top_k > 1)
-
-    def rank_fn(rank: int, comm: TPComm) -> tuple[Tensor, Tensor, dict[str, Tensor], BlockModule]:
-        shard = build_block(block, tp, rank, comm, torch.float64)
-        shard.load_state_dict(shard_state_from_full(full, tp, rank))
-        own = x.detach().clone().requires_grad_(True)
-        out = shard(own)
-        backward(out)
-        return out.detach(), own.grad, {n: p.grad for n, p in shard.named_parameters()}, shard  # type: ignore[return-value]
-
-    for rank, (out, in_grad, grads, shard) in enumerate(run_ranks(tp, rank_fn)):  # type: ignore[misc]
-        assert shard.param_count() == shard_param_count(block, tp)
-        torch.testing.assert_close(out, ref.detach())
-        torch.testing.assert_close(in_grad, x.grad)
-        want = shard_state_from_full(full, tp, rank, ref_grads)
-        assert set(grads) == set(want)
-        for n, g in grads.items():
-            torch.testing.assert_close(g, want[n], msg=f"gradient of {n} on rank {rank}")
+    assert (ref_grads["router.weight"].abs().max() > 1e-9) == (dict(block.shape)["top_k"] > 1)
 
 
 def test_tp_must_divide_the_expert_ffn() -> None:
