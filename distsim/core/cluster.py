@@ -350,6 +350,11 @@ CRC) and at most 256 bytes of data flits (Foley and Danskin, "Ultra-Performance 
 IEEE Micro 2017: 128-bit flits, a header flit per packet, data payloads of up to 256 bytes); 0.941. Smaller writes
 carry less (assumed: NCCL's copies move full packets)."""
 
+NVLINK4 = Link(450 * GB * NVLINK_PAYLOAD, 3e-6)
+"""One GPU's NVLink4 through NVSwitch (DGX H100/H200): 450 GB/s per direction at its payload rate."""
+IB_NDR = Link(400 * Gbit * IB_PAYLOAD, 5e-6)
+"""One 400 Gb/s NDR InfiniBand NIC (DGX H100/H200) at its payload rate."""
+
 MGWFBP_SOURCE = (
     "MG-WFBP (Shi et al., TPDS 2020) evaluates on V100 clusters joined by 10GbE and 56 Gb/s InfiniBand; modelled "
     "here as one V100 per node (every all-reduce crosses the network, one worker per node as in its cost model); "
@@ -431,8 +436,8 @@ _PRESETS: dict[str, Cluster] = {
         128,
         8,
         H200,
-        Link(450 * GB * NVLINK_PAYLOAD, 3e-6),
-        Link(400 * Gbit * IB_PAYLOAD, 5e-6),
+        NVLINK4,
+        IB_NDR,
         8,
         source="NVIDIA DGX H200: 8x H200 with NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB "
         "(as DGX H100); links at their achievable payload rate; 128 nodes",
@@ -442,8 +447,8 @@ _PRESETS: dict[str, Cluster] = {
         128,
         8,
         H100_80GB,
-        Link(450 * GB * NVLINK_PAYLOAD, 3e-6),
-        Link(400 * Gbit * IB_PAYLOAD, 5e-6),
+        NVLINK4,
+        IB_NDR,
         8,
         source="NVIDIA DGX H100: NVLink4 via NVSwitch 450 GB/s per direction, 8x 400 Gb/s NDR IB; links at their "
         "achievable payload rate (NVLink packet and IB packet headers: NVLINK_PAYLOAD, IB_PAYLOAD); 128 nodes",
