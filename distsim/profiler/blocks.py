@@ -229,33 +229,6 @@ class AttentionModule(BlockModule):
         return x, self._randn((micro_batch_size, self.kv_seq, self.h), gen)
 
 
-class MLPModule(BlockModule):
-    """Pre-LN MLP with the residual: ``x + g(W2 · gelu(W1 · f(LN(x)) + b1)) + b2``; W1 column-, W2 row-parallel.
-    Parameters 2 h ffn + ffn + h + 2h."""
-
-    def __init__(
-        self, block: Block, tp: int, tp_rank: int, comm: TPComm, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        super().__init__(block, tp, tp_rank, comm, dtype, device)
-        d = _dims(block, ("h", "ffn", "seq"))
-        h, ffn = d["h"], d["ffn"]
-        _divisible(block, "ffn", ffn, tp)
-        _check_params(block, 2 * h * ffn + ffn + h + 2 * h)
-        self.h, self.seq = h, d["seq"]
-        kw: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.ln = skip_init(nn.LayerNorm, h, **kw)
-        self.fc1 = skip_init(nn.Linear, h, ffn // tp, **kw)
-        self.fc2 = skip_init(nn.Linear, ffn // tp, h, **kw)
-        self.tp_split.update({"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1})
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = F.gelu(self.fc1(self.comm.f(self.ln(x))))
-        return x + self.comm.g(F.linear(y, self.fc2.weight)) + self.fc2.bias
-
-    def example_inputs(self, micro_batch_size: int, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
-        return (self._randn((micro_batch_size, self.seq, self.h), self._gen(generator)),)
-
-
 class EmbeddingModule(BlockModule):
     """Vocab-parallel token embedding (Megatron's ``VocabParallelEmbedding``: ids outside this rank's rows look up
     row 0 and are zeroed, then ``g`` sums the ranks) plus a replicated learned position embedding when the block's
@@ -482,7 +455,6 @@ class BottleneckModule(BlockModule):
 
 
 _MODULES: dict[str, type[BlockModule]] = {
-    "mlp": MLPModule,
     "embedding": EmbeddingModule,
     "lm_head": LMHeadModule,
     "conv2d": Conv2dModule,

@@ -55,8 +55,11 @@ RMSNORM_EPS = 1e-5
 
 
 def arch_module(block: Block) -> type[BlockModule] | None:
-    """The class that builds `block` if its shape carries architecture tags, else None (GPT's modules build it)."""
+    """The class that builds `block` if its shape carries architecture tags, else None (GPT's modules build it); an
+    MLP always (GPT's is its GeLU, layer norm and biases case)."""
     shape = dict(block.shape)
+    if block.op == "mlp":
+        return ArchMLPModule
     if not any(k in shape for k in ARCH_TAGS):
         return None
     return {"attention": ArchAttentionModule, "mlp": ArchMLPModule, "lm_head": ArchLMHeadModule}.get(block.op)
