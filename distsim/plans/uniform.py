@@ -15,7 +15,8 @@ from distsim.core.errors import DistsimError
 from distsim.core.strategy import Strategy
 from distsim.plans.kinds import register_plan_kind
 from distsim.plans.plan import Plan, PlanError
-from distsim.sim.flow.uniform import build_flow, estimate_tasks
+from distsim.sim.flow.estimate import estimate_tasks
+from distsim.sim.flow.uniform import build_flow
 from distsim.sim.memory import MemoryEstimate, estimate_memory
 
 if TYPE_CHECKING:
