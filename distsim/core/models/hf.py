@@ -38,7 +38,7 @@ from typing import Any
 
 from distsim.core.checks import integer
 from distsim.core.errors import ModelFileError
-from distsim.core.models.arch import GPT, LLAMA
+from distsim.core.models.arch import GPT, LLAMA, Arch
 from distsim.core.models.graph import MAX_LAYERS, PRECISIONS, Model
 from distsim.core.models.ops import check_attention_impl
 from distsim.core.models.transformer import check_dims, decoder_only
@@ -167,38 +167,8 @@ def model_from_hf_config(config: Mapping[str, Any], where: str, overrides: Mappi
         arch = replace(GPT, tied_embeddings=_bool(config, "tie_word_embeddings", where, True))
         context_key = "n_positions"
     else:
-        layers = _count(config, "num_hidden_layers", where, family)
-        hidden = _count(config, "hidden_size", where, family)
-        heads = _count(config, "num_attention_heads", where, family)
-        kv = _count(config, "num_key_value_heads", where, family, heads)
-        ffn = _count(config, "intermediate_size", where, family)
-        vocab = _count(config, "vocab_size", where, family)
-        context = _count(config, "max_position_embeddings", where, family)
+        layers, hidden, heads, ffn, vocab, context, arch = _llama_family(config, where, family, model_type, notes)
         context_key = "max_position_embeddings"
-        if hidden % heads:
-            raise ModelFileError(f"{where}: hidden_size ({hidden}) must be divisible by num_attention_heads ({heads})")
-        head_dim = _count(config, "head_dim", where, family, hidden // heads)
-        if head_dim != hidden // heads:
-            raise ModelFileError(f"{where}: head_dim {head_dim} differs from hidden_size / num_attention_heads "
-                                 f"({hidden // heads}); distsim gives each head hidden/heads dimensions")  # fmt: skip
-        if heads % kv:
-            raise ModelFileError(f"{where}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads})")
-        bias = _bool(config, "attention_bias", where, False)
-        mlp_bias = _bool(config, "mlp_bias", where, False)
-        d = hidden // heads
-        if model_type == "qwen2":
-            notes.append(f"Qwen2's Q/K/V projection biases ({(heads + 2 * kv) * d:,} parameters per layer) are left "
-                         "out: distsim has one bias flag for all linear layers and the others have none")  # fmt: skip
-            bias = False
-        elif bias != mlp_bias:
-            notes.append(f"attention_bias {str(bias).lower()} and mlp_bias {str(mlp_bias).lower()} differ; distsim "
-                         "has one bias flag for all linear layers, so none has biases")  # fmt: skip
-            bias = False
-        arch = replace(LLAMA, kv_heads=kv if kv != heads else None, bias=bias,
-                       tied_embeddings=_bool(config, "tie_word_embeddings", where, True))  # fmt: skip
-        if model_type == "mixtral":  # num_local_experts experts of intermediate_size each, top num_experts_per_tok
-            experts = _count(config, "num_local_experts", where, family)
-            arch = replace(arch, experts=experts, top_k=_count(config, "num_experts_per_tok", where, family))
     seq = _whole_override(overrides, "seq")
     seq = seq if seq is not None else min(context, DEFAULT_MAX_SEQ)
     if arch.position == "learned" and seq > context:
@@ -224,3 +194,41 @@ def model_from_hf_config(config: Mapping[str, Any], where: str, overrides: Mappi
     model = decoder_only(name, layers, hidden, heads, seq, vocab, source=source, f=ffn,
                          precision=PRECISIONS[precision], attention=attention, arch=arch)  # fmt: skip
     return model.with_layers(model.layers, name=name, description=f"{model.description} (from {where}){approx}")
+
+
+def _llama_family(config: Mapping[str, Any], where: str, family: str, model_type: str,
+                  notes: list[str]) -> tuple[int, int, int, int, int, int, Arch]:  # fmt: skip
+    """(layers, hidden, heads, ffn, vocab, context, architecture) of a llama, mistral, qwen2 or mixtral config;
+    what is approximated goes into `notes`."""
+    layers = _count(config, "num_hidden_layers", where, family)
+    hidden = _count(config, "hidden_size", where, family)
+    heads = _count(config, "num_attention_heads", where, family)
+    kv = _count(config, "num_key_value_heads", where, family, heads)
+    ffn = _count(config, "intermediate_size", where, family)
+    vocab = _count(config, "vocab_size", where, family)
+    context = _count(config, "max_position_embeddings", where, family)
+    if hidden % heads:
+        raise ModelFileError(f"{where}: hidden_size ({hidden}) must be divisible by num_attention_heads ({heads})")
+    head_dim = _count(config, "head_dim", where, family, hidden // heads)
+    if head_dim != hidden // heads:
+        raise ModelFileError(f"{where}: head_dim {head_dim} differs from hidden_size / num_attention_heads "
+                             f"({hidden // heads}); distsim gives each head hidden/heads dimensions")  # fmt: skip
+    if heads % kv:
+        raise ModelFileError(f"{where}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads})")
+    bias = _bool(config, "attention_bias", where, False)
+    mlp_bias = _bool(config, "mlp_bias", where, False)
+    d = hidden // heads
+    if model_type == "qwen2":
+        notes.append(f"Qwen2's Q/K/V projection biases ({(heads + 2 * kv) * d:,} parameters per layer) are left "
+                     "out: distsim has one bias flag for all linear layers and the others have none")  # fmt: skip
+        bias = False
+    elif bias != mlp_bias:
+        notes.append(f"attention_bias {str(bias).lower()} and mlp_bias {str(mlp_bias).lower()} differ; distsim "
+                     "has one bias flag for all linear layers, so none has biases")  # fmt: skip
+        bias = False
+    arch = replace(LLAMA, kv_heads=kv if kv != heads else None, bias=bias,
+                   tied_embeddings=_bool(config, "tie_word_embeddings", where, True))  # fmt: skip
+    if model_type == "mixtral":  # num_local_experts experts of intermediate_size each, top num_experts_per_tok
+        experts = _count(config, "num_local_experts", where, family)
+        arch = replace(arch, experts=experts, top_k=_count(config, "num_experts_per_tok", where, family))
+    return layers, hidden, heads, ffn, vocab, context, arch
