@@ -27,7 +27,7 @@ builds only the blocks of the layers it runs and trains one batch of B samples p
   (``tied grads HEAD~EMBEDDING``);
 * **Adam** on every rank for the parameters of the layers it runs (a layer's replicas stay identical).
 
-The block-level machinery (a block per autograd segment, its recording, the model's deterministic weights and data,
+The block-level machinery (the blocks' recording and backward hooks, the model's deterministic weights and data,
 the contiguous gradient buffer, Adam) is :class:`distsim.executor.runtime.Runtime`'s, which this class extends with
 a burst plan's iteration instead of a pipeline schedule's. Only the host clock is exercised (CPU ranks, gloo).
 """
@@ -43,10 +43,11 @@ from torch import Tensor
 
 from distsim.core.models.graph import Model
 from distsim.executor import data
+from distsim.executor.backward import BackwardTimer
 from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters, vocab_weight
 from distsim.executor.recorder import Meta, Recorder
-from distsim.executor.runtime import Runtime, _Adam, _Segment
+from distsim.executor.runtime import Runtime, _Adam
 from distsim.plans import Plan
 from distsim.plans.burst_flow import lower_sync
 from distsim.plans.redistribution import pieces, shards
@@ -102,6 +103,8 @@ class BurstRuntime(Runtime):
         self.replica, self.tp, self.tp_rank, self.pipe_rank, self.zero = 0, 1, 0, 0, None
         self.clock = clock_for(device)
         self.recorder = Recorder(self.clock)
+        self.hooks = BackwardTimer(self.recorder, lambda _li, _bi: None)  # a layer's sync follows its backward call
+        self.recomputed: frozenset[int] = frozenset()
         self.layers = [v for v, d in enumerate(self.layouts) if rank in d]
         self.tied = tied_copies(model, plan)
         copied = {li for pair in self.tied for li in pair}
@@ -194,8 +197,7 @@ class BurstRuntime(Runtime):
 
     # ----------------------------------------------------------------------------------------------- phases
     def _forward(self, v: int, outputs: dict[int, Tensor], inputs: dict[tuple[int, int], Tensor],
-                 moved: dict[tuple[int, Layout], Tensor | None],
-                 segments: dict[int, list[_Segment]]) -> None:  # fmt: skip
+                 moved: dict[tuple[int, Layout], Tensor | None]) -> None:  # fmt: skip
         layouts, name = self.layouts, self.model.layers
         for u in self.model.input_layers[v]:
             if (u, layouts[v]) in moved:
@@ -215,12 +217,9 @@ class BurstRuntime(Runtime):
             inputs[(u, v)] = held.detach().requires_grad_()  # each edge its own leaf: its gradient goes back alone
             acts.append(inputs[(u, v)])
         feeds = {bi: self.data.pop((v, bi)) for bi in range(len(name[v].blocks)) if (v, bi) in self.data_blocks}
-        segments[v], x = self._layer(v, v, -1, acts, feeds, "forward")
-        if x is not None:
-            outputs[v] = x
+        outputs[v] = self._layer(v, v, -1, acts, feeds)  # for the LM head its shard's loss
 
-    def _backward(self, v: int, outputs: dict[int, Tensor], inputs: dict[tuple[int, int], Tensor],
-                  segments: dict[int, list[_Segment]]) -> None:  # fmt: skip
+    def _backward(self, v: int, outputs: dict[int, Tensor], inputs: dict[tuple[int, int], Tensor]) -> None:
         layouts, name = self.layouts, self.model.layers
         mine = self.rank in layouts[v]
         grad: Tensor | None = None
@@ -237,14 +236,11 @@ class BurstRuntime(Runtime):
             return
         lo, hi = self.shards[v][self.rank]
         weight = (hi - lo) / self.batch  # the shard's share of the batch mean
-        if grad is not None:
-            outputs[v].grad = grad
-        for seg in reversed(segments.pop(v)):
-            with self.recorder.block("backward", seg.name, seg.li, v, -1):
-                if seg.leaf is None:
-                    torch.autograd.backward(seg.out * weight)
-                elif seg.leaf.grad is not None:
-                    torch.autograd.backward(seg.out, seg.leaf.grad)
+        with self.hooks.call():  # the layer's blocks in one backward call, timed by hooks (executor/backward.py)
+            if self.model.layers[v].blocks[-1].op == "lm_head":  # its shard loss
+                torch.autograd.backward(outputs[v] * weight)
+            elif grad is not None:
+                torch.autograd.backward(outputs[v], grad)
 
     # ------------------------------------------------------------------------------------------ gradient sync
     def _all_reduce(self, v: int, async_op: bool) -> Any:
@@ -307,12 +303,11 @@ class BurstRuntime(Runtime):
         outputs: dict[int, Tensor] = {}
         inputs: dict[tuple[int, int], Tensor] = {}
         moved: dict[tuple[int, Layout], Tensor | None] = {}
-        segments: dict[int, list[_Segment]] = {}
         for v in range(self.model.num_layers):
-            self._forward(v, outputs, inputs, moved, segments)
+            self._forward(v, outputs, inputs, moved)
         pending = []
         for v in reversed(range(self.model.num_layers)):
-            self._backward(v, outputs, inputs, segments)
+            self._backward(v, outputs, inputs)
             for bucket in self.sync_plan.by_layer.get(v, ()):
                 pending += [self._all_reduce(u, async_op=True) for u in bucket.layers if self.rank in self.layouts[u]]
         for issued in pending:

@@ -1,43 +1,37 @@
 """Full activation recomputation on one executor rank (Megatron-LM's ``--recompute-granularity full``).
 
 The layers it covers are the simulator's (:func:`distsim.sim.flow.recompute.recomputed_layers`, from
-:func:`~distsim.sim.flow.recompute.eligible_layers`: the one rule). A covered layer's forward runs under
-``torch.no_grad()``: it keeps only the layer's inputs (the activations it reads and its training data) in a
-:class:`Checkpoint`, and the leaf its consumers hold. Right before the layer's backward, the backward action runs the
-layer's blocks again with autograd, each recorded as an event of kind ``recompute`` with the block's name on the
-compute stream (with tp > 1 the tensor-parallel all-reduces inside them run again, as ``tp`` rows), exactly where the
-simulator puts them; then the blocks' backward runs on the recomputed graph, the last block's output gradient taken
-from the kept leaf. This is what ``torch.utils.checkpoint`` (``use_reentrant=False``) does, with the recomputation
-run eagerly before the backward instead of lazily inside it, so that it is timed on its own.
+:func:`~distsim.sim.flow.recompute.eligible_layers`: the one rule). A covered layer runs under
+``torch.utils.checkpoint`` with ``use_reentrant=True``, as Megatron-LM's own ``CheckpointFunction`` does: its forward
+runs under ``torch.no_grad()`` keeping only the layer's inputs; when the micro-batch's backward call reaches the
+layer, the checkpoint's backward runs the layer's blocks again with autograd (each recorded as an event of kind
+``recompute`` on the compute stream; with tp > 1 the tensor-parallel all-reduces inside them run again, as ``tp``
+rows) and then their backward, whose hooks (:mod:`distsim.executor.backward`) time each block: the recomputation
+comes right before the layer's backward, exactly where the simulator puts it.
 
-The blocks have no dropout, so the recomputed forward is the forward without restoring random state; a BatchNorm
-updates its running statistics once more (as under ``torch.utils.checkpoint``), which changes no training-mode
-output.
+A reentrant checkpoint needs an input that requires a gradient to be part of the graph at all; a layer reading only
+training data (a CNN's first layer) gets an empty one, so its parameters still get their gradients. The random state
+is restored for the recomputation (``preserve_rng_state``), as ``torch.utils.checkpoint`` does by default.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
+import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from distsim.core.models.graph import Model
 from distsim.core.strategy import Strategy
 from distsim.sim.flow.recompute import recomputed_layers
 
 
-@dataclass
-class Checkpoint:
-    """What a recomputed layer keeps between its forward and its backward on one micro-batch."""
-
-    li: int
-    inputs: list[Tensor]
-    """The activations the layer reads (leaves its backward accumulates gradients into)."""
-    feeds: dict[int, list[Tensor]]
-    """Per block that reads training data: its token ids, targets or input."""
-    output: Tensor | None
-    """The leaf consumers of the layer's output hold (its .grad collects their gradients); None: the layer ends in
-    the loss."""
+def checkpointed(layer: Callable[[list[Tensor]], Tensor | None], inputs: list[Tensor], device: torch.device) -> Tensor:
+    """`layer` on `inputs` (the activations it reads) under a reentrant checkpoint: its forward now without autograd,
+    again (with autograd) when the backward call reaches it."""
+    anchor = torch.empty(0, device=device, requires_grad=True)
+    return checkpoint(lambda _anchor, *xs: layer(list(xs)), anchor, *inputs, use_reentrant=True)
 
 
 def rank_recomputed(

@@ -96,17 +96,26 @@ class Recorder:
     @contextmanager
     def block(self, kind: str, name: str, layer: int, stage: int, mb: int) -> Iterator[None]:
         """A block's forward or backward; the tp all-reduces it runs are split out at :meth:`finish`."""
-        self._comm = []
+        outer, comms = self._comm, []
+        self._comm = comms
         host = self.clock.now()
         start = self.clock.mark()
         try:
             yield
         finally:
             end = self.clock.mark()
-            meta: Meta = ("compute", kind, name, layer, stage, mb)
-            self._events.append((meta, start, end, self._comm))
-            self._comm = None
-            self.launched(meta, host, self.clock.now())
+            self._comm = outer  # a recomputed block runs inside the backward of the block it serves
+            self.add_block(("compute", kind, name, layer, stage, mb), start, end, comms, (host, self.clock.now()))
+
+    def add_block(self, meta: Meta, start: Mark, end: Mark, comms: list[tuple[Mark, Mark]],
+                  host: tuple[float, float]) -> None:  # fmt: skip
+        """A block's event between two marks, with the tp collectives it ran (split out at :meth:`finish`)."""
+        self._events.append((meta, start, end, comms))
+        self.launched(meta, *host)
+
+    def comm_into(self, comms: list[tuple[Mark, Mark]] | None) -> None:
+        """Where the tp collectives that run next belong (a block's backward, timed by hooks); None: nowhere."""
+        self._comm = comms
 
     def collective(self, start: Mark, end: Mark) -> None:
         if self._comm is not None:

@@ -1,16 +1,17 @@
 """Executing a plan on one rank: the simulator's schedule actions, block by block, with every event recorded.
 
-Each block runs as its own autograd segment: its inputs are leaves detached from whatever produced them, so a block's
-backward can be run (and timed) on its own, the tensor-parallel all-reduce inside it is attributed to it, and a
-tensor consumed by several blocks or stages (T5's encoder output) accumulates its gradient before the block that
-produced it runs backward. This mirrors the simulator's event flow:
+A micro-batch runs as a training loop runs it: the stage's blocks called one after another in one autograd graph,
+then one backward call (autograd's engine walks the graph, no Python between blocks), with each block's backward
+timed by hooks inside that call (:mod:`distsim.executor.backward`); a tensor consumed by several blocks or stages
+(T5's encoder output) accumulates its gradient in the graph before the block that produced it runs backward. This
+mirrors the simulator's event flow:
 
 * forward action: receive the activations crossing the cut from the previous stage (``recv``), run the stage's blocks
   in order, send the activations crossing the next cut (``isend``, or ``send`` with ``p2p_blocking``);
-* backward action: receive the gradients of what was sent, run the blocks in reverse (a recomputed layer's forward
-  again first: :mod:`distsim.executor.recompute`), send the gradients of what was received; in the last
-  micro-batch, a gradient bucket that the layer just done completes is all-reduced (asynchronously, overlapped with
-  the rest of backward);
+* backward action: receive the gradients of what was sent, one backward call from them and the stage's losses (a
+  recomputed layer's forward runs again inside it, right before the layer's backward:
+  :mod:`distsim.executor.recompute`), send the gradients of what was received; in the last micro-batch, a gradient
+  bucket that the layer just done completes is all-reduced (asynchronously, overlapped with the rest of backward);
 * after the last action: the buckets that wait for the whole backward (bulk's one), the all-reduce of tied embedding
   copies between the first and last stage, and the optimizer step (with ZeRO-1 the parameter all-gathers after it).
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -47,27 +48,15 @@ from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
 from distsim.core.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.executor import data
+from distsim.executor.backward import BackwardTimer
 from distsim.executor.clock import clock_for
 from distsim.executor.model import build_modules, unique_parameters
-from distsim.executor.recompute import Checkpoint, rank_recomputed
+from distsim.executor.recompute import checkpointed, rank_recomputed
 from distsim.executor.recorder import Meta, Recorder, RecordingComm
 from distsim.executor.support import refuse_unsupported
 from distsim.executor.zero import Zero1
 from distsim.profiler.tp_comm import TPComm
 from distsim.sim.flow.comm import bucket_names, gather_name
-
-
-@dataclass
-class _Segment:
-    """One block's forward on one micro-batch, kept for its backward."""
-
-    li: int
-    bi: int
-    name: str
-    out: Tensor
-    """The block's output (with its autograd graph); for lm_head the loss."""
-    leaf: Tensor | None
-    """What consumers of the output hold (a leaf whose .grad collects their gradients); None for lm_head."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +71,13 @@ class GradBucket:
 
 @dataclass
 class _MicroBatch:
+    """One micro-batch's forward on one stage, kept for its backward."""
+
     env: dict[int, Tensor] = field(default_factory=dict)
+    """Each layer's output (with its autograd graph), by layer."""
     received: list[Tensor] = field(default_factory=list)
-    segments: list[_Segment | Checkpoint] = field(default_factory=list)
+    """The activations received from the previous stage: leaves whose .grad the backward call fills."""
+    losses: list[Tensor] = field(default_factory=list)
 
 
 class Runtime:
@@ -105,6 +98,10 @@ class Runtime:
         self.groups = groups
         self.clock = clock_for(device)
         self.recorder = Recorder(self.clock)
+        self.hooks = BackwardTimer(self.recorder, self._block_done)
+        """Times each block inside a micro-batch's one backward call (:mod:`distsim.executor.backward`)."""
+        self._final: tuple[int, bool] = (0, False)
+        """The stage whose backward call runs, and whether it is that stage's last micro-batch (buckets issue)."""
         comm = RecordingComm(groups.get("tp"), self.recorder) if self.tp > 1 else TPComm.local()
         self.layers = rank_layers(stage_ranges, self.pp, self.pipe_rank)
         self.modules = build_modules(model, self.layers, self.tp, self.tp_rank, comm, dtype, device, seed)
@@ -318,26 +315,25 @@ class Runtime:
             acts = [st.env[self.model.index[s]] for s in self._sources(li)]
             feeds = {bi: self.data.pop((li, bi, mb)) for bi in range(len(self.model.layers[li].blocks))
                      if (li, bi) in self.data_blocks}  # fmt: skip
-            if li in self.recomputed:  # only the layer's inputs are kept; its forward runs again in backward
-                with torch.no_grad():
-                    x = self._layer(li, vs, mb, acts, feeds, "forward")[1]
-                st.segments.append(Checkpoint(li, acts, feeds, x))
+
+            def layer(xs: list[Tensor], li: int = li, feeds: dict[int, list[Tensor]] = feeds) -> Tensor:
+                return self._layer(li, vs, mb, xs, feeds)
+
+            out = checkpointed(layer, acts, self.device) if li in self.recomputed else layer(acts)
+            if self.model.layers[li].blocks[-1].op == "lm_head":
+                st.losses.append(out)
             else:
-                segments, x = self._layer(li, vs, mb, acts, feeds, "forward")
-                st.segments += segments
-            if x is not None:
-                st.env[li] = x
+                st.env[li] = out
         if vs < self.strategy.num_stages - 1:
             outgoing = self.live[end - 1]
             self._send([st.env[li] for li in outgoing], vs + 1, "F", vs, mb, iteration)
 
-    def _layer(self, li: int, vs: int, mb: int, acts: list[Tensor], feeds: dict[int, list[Tensor]],
-               kind: str) -> tuple[list[_Segment], Tensor | None]:  # fmt: skip
-        """Run layer li's blocks on its input activations and data (`kind`: ``forward``, or ``recompute`` in the
-        backward action); returns a segment per block and what consumers of the layer's output hold (None: the
-        layer ends in the loss, which a forward records)."""
+    def _layer(self, li: int, vs: int, mb: int, acts: list[Tensor], feeds: dict[int, list[Tensor]]) -> Tensor:
+        """Run layer li's blocks on its input activations and data, each with its backward hooks; returns the layer's
+        output (for a layer ending in the LM head, its loss). A recomputed layer runs it twice: without autograd in
+        the forward (events of kind ``forward``), with autograd inside its checkpoint's backward (``recompute``)."""
+        kind = "recompute" if li in self.recomputed and torch.is_grad_enabled() else "forward"
         layer = self.model.layers[li]
-        segments: list[_Segment] = []
         x: Tensor | None = None
         for bi, block in enumerate(layer.blocks):
             feed = feeds.get(bi, [])
@@ -348,47 +344,50 @@ class Runtime:
                 data_iter = iter(feed)
                 args = [next(acts_iter) if is_float else next(data_iter) for is_float in self.signature[(li, bi)]]
             name = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
-            with self.recorder.block(kind, name, li, vs, mb):
-                out = self.modules[(li, bi)](*args)
-            if block.op == "lm_head":
-                segments.append(_Segment(li, bi, name, out, None))
-                if kind == "forward":
-                    self.loss_values.append(out.detach())  # read after the iteration: no host wait here
-                x = None
-            else:
-                x = out.detach().requires_grad_()
-                segments.append(_Segment(li, bi, name, out, x))
-        return segments, x
+
+            def run(inputs: list[Any], module: Any = self.modules[(li, bi)], name: str = name) -> Tensor:
+                with self.recorder.block(kind, name, li, vs, mb):
+                    return module(*inputs)
+
+            x = self.hooks.watch((("compute", "backward", name, li, vs, mb), bi), args, run)
+            if block.op == "lm_head" and kind == "forward":
+                self.loss_values.append(x.detach())  # read after the iteration: no host wait here
+        assert x is not None
+        return x
 
     def backward(self, vs: int, mb: int, iteration: int, state: dict[tuple[int, int], _MicroBatch]) -> None:
+        """One backward call for the micro-batch's stage, from its losses (scaled) and the gradients received for
+        what it sent; the blocks are timed by hooks inside it, and in the last micro-batch the gradient buckets a
+        layer completes are issued right after its backward (:meth:`_block_done`)."""
         end = self.stage_ranges[vs][1]
         st = state.pop((vs, mb))
+        roots: list[Tensor] = []
+        grads: list[Tensor | None] = []
         if vs < self.strategy.num_stages - 1:
             outgoing = self.live[end - 1]
-            grads = self._recv(len(outgoing), vs + 1, "B", vs, mb, iteration)
-            for li, g in zip(outgoing, grads, strict=True):
-                leaf = st.env[li]
-                leaf.grad = g if leaf.grad is None else leaf.grad + g
+            received = self._recv(len(outgoing), vs + 1, "B", vs, mb, iteration)
+            for li, g in zip(outgoing, received, strict=True):
+                if st.env[li].requires_grad:
+                    roots.append(st.env[li])
+                    grads.append(g)
         scale = 1.0 / (self.strategy.num_micro_batches * self.dp)  # a sum over replicas then gives the mean
-        final = self.last_b.get(vs) == mb
-        for item in reversed(st.segments):
-            if isinstance(item, Checkpoint):  # the layer's forward again, its output gradient to the kept leaf
-                segments = self._layer(item.li, vs, mb, item.inputs, item.feeds, "recompute")[0]
-                segments[-1] = replace(segments[-1], leaf=item.output)
-            else:
-                segments = [item]
-            for seg in reversed(segments):
-                with self.recorder.block("backward", seg.name, seg.li, vs, mb):
-                    if seg.leaf is None:
-                        torch.autograd.backward(seg.out * scale)
-                    elif seg.leaf.grad is not None:
-                        torch.autograd.backward(seg.out, seg.leaf.grad)
-                if final and seg.bi == 0:  # the layer's backward is done: issue the buckets it completes
-                    for bucket in self.ready.get(seg.li, ()):
-                        self._issue(bucket, vs)
+        roots += [loss * scale for loss in st.losses]
+        grads += [None] * len(st.losses)
+        self._final = (vs, self.last_b.get(vs) == mb)
+        with self.hooks.call():
+            if roots:
+                torch.autograd.backward(roots, grads)
         if vs > 0:
-            grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in st.received]
-            self._send(grads, vs - 1, "B", vs, mb, iteration)
+            grads_back = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in st.received]
+            self._send(grads_back, vs - 1, "B", vs, mb, iteration)
+
+    def _block_done(self, li: int, bi: int) -> None:
+        """A block's backward is done: after a layer's first block in the stage's last micro-batch, issue the
+        gradient buckets that layer completes."""
+        vs, final = self._final
+        if final and bi == 0:
+            for bucket in self.ready.get(li, ()):
+                self._issue(bucket, vs)
 
     # ------------------------------------------------------------------------------------------ gradient sync
     def _sync(self, bucket: GradBucket, async_op: bool) -> Any:

@@ -179,8 +179,14 @@ def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, bu
     median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
     write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
     times = trace.iteration_times_s
-    _log(f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
-         f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")  # fmt: skip
+    _log(
+        f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "
+        f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}, spread {100 * trace.iteration_spread:.1f} %)"
+    )
+    overhead = provenance["executor"]["overhead_us_per_block"]
+    if overhead:
+        _log("the executor's own host time per block (its hooks and marks; a training loop has none of it): "
+             + ", ".join(f"{k} {v:.1f} us" for k, v in overhead.items()))  # fmt: skip
 
 
 def _loss_rows(gathered: list[Any], loss_ranks: set[int], strategy: Any, burst: Any, warmup: int,
@@ -209,6 +215,11 @@ def _trace_provenance(cfg: ExecuteConfig, runtime: Any, offsets: dict[int, float
         "host": socket.gethostname(), "platform": platform.platform(),
         "threads_per_rank": torch.get_num_threads() if not cuda else None, "command": cfg.command,
         "clock_offsets_s": {str(k): v for k, v in offsets.items()}, "timing": runtime.clock.describe(),
+        "executor": {
+            "loop": "per micro-batch and stage one forward pass through the blocks and one backward call; each "
+                    "block's backward timed by autograd hooks inside it (distsim.executor.backward)",
+            "overhead_us_per_block": runtime.hooks.overhead.per_block_us(),
+        },
     }  # fmt: skip
     if runtime.zero is not None and runtime.zero.gloo:  # its gradient reduce-scatters are all-reduces
         from distsim.profiler.comm import GLOO_NOTES
