@@ -173,6 +173,10 @@ def validate(trace_path: str | None, profile_path: str | None, suite_dir: str | 
             f"  per-stage (median)    {100 * val.stage_error_median:.2f} % over "
             f"{len(val.per_stage)} (stage, F/B, micro-batch) actions",
         ]
+        if val.too_noisy:
+            lines.append(f"  too noisy to judge: the measured iterations spread {100 * val.measured_spread:.1f} %, "
+                         f"more than the {100 * val.batch_error:.2f} % error; measure more iterations on an idle "
+                         "machine (execute --iterations)")  # fmt: skip
         if trace.host_timed_gpu:
             lines += ["  note: a GPU trace timed by the host clock (written before the executor recorded CUDA events):",
                       "        its iteration times are right, its per-event times are kernel-launch spans, so the "
@@ -231,6 +235,7 @@ def _validate_suite(directory: str, profile_path: str | None, csv_path: str | No
             "mean_dur_err_%": round(100 * (val.deterministic_s - val.measured_s) / val.measured_s, 2),
             "gpu_err_%": round(100 * val.max_gpu_error, 2),
             "stage_err_%": round(100 * val.stage_error_median, 2), "spread_%": round(100 * val.measured_spread, 1),
+            "judged": "too noisy" if val.too_noisy else "yes",
         })  # fmt: skip
     table = pd.DataFrame(rows)
     if csv_path:

@@ -81,6 +81,13 @@ class Trace:
     def median_iteration_s(self) -> float:
         return statistics.median(self.iteration_times_s)
 
+    @property
+    def iteration_spread(self) -> float:
+        """(max - min) / median of the measured iteration times (:func:`distsim.sim.validate.iteration_spread`)."""
+        from distsim.sim.validate import iteration_spread
+
+        return iteration_spread(self.iteration_times_s)
+
     def median_index(self) -> int:
         """The measured iteration whose time is the median (the lower one for an even count)."""
         times = self.iteration_times_s

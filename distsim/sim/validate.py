@@ -16,6 +16,7 @@ times, and the per-GPU busy time, bubble fraction and exposed communication kept
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,8 +138,13 @@ class Validation:
     @property
     def measured_spread(self) -> float:
         """(max - min) / median of the measured iteration times: the run's own noise."""
-        ts = self.iteration_times_s
-        return (max(ts) - min(ts)) / statistics.median(ts) if ts else 0.0
+        return iteration_spread(self.iteration_times_s)
+
+    @property
+    def too_noisy(self) -> bool:
+        """Whether the measurement is too noisy to judge the prediction: its iterations spread more than the error
+        the comparison reports (an error inside the run's own noise says nothing about the model)."""
+        return self.measured_spread > self.batch_error
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -147,8 +153,14 @@ class Validation:
             "signed_batch_error": self.signed_batch_error, "per_gpu_error": self.per_gpu_error,
             "max_gpu_error": self.max_gpu_error, "stage_error_median": self.stage_error_median,
             "measured_iteration_s": self.iteration_times_s, "measured_spread": self.measured_spread,
+            "too_noisy": self.too_noisy,
             "matched_events": self.comparisons[0].matched if self.comparisons else 0,
         }  # fmt: skip
+
+
+def iteration_spread(times_s: Sequence[float]) -> float:
+    """(max - min) / median of iteration times: a run's own noise (0 for no times)."""
+    return (max(times_s) - min(times_s)) / statistics.median(times_s) if times_s else 0.0
 
 
 def validate_timelines(predicted: Timeline, measured: list[Timeline], predicted_s: float | None = None) -> Validation:

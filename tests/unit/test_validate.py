@@ -77,6 +77,29 @@ def test_stretched_trace_reports_known_errors_through_the_cli(
     assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_measurement_that_spreads_more_than_its_error_is_too_noisy_to_judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tl, plan = predicted()
+    frames = []
+    for factor in (1.00, 1.02, 1.30):  # median 2 % slow: a 2 % error inside a 28 % spread
+        df = tl.df.copy()
+        df[["start_s", "end_s"]] *= factor
+        frames.append(df)
+    path = write_trace(tmp_path / "noisy.json", plan, frames)
+    code, out, err = run(["validate", "--trace", str(path), "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["measured_spread"] == pytest.approx(0.30 / 1.02)
+    assert got["batch_error"] == pytest.approx(0.02 / 1.02) and got["too_noisy"] is True
+    code, out, err = run(["validate", "--trace", str(path)], capsys)
+    assert code == 0 and "too noisy to judge" in out + err
+    # a steady run with the same error is judged
+    steady = write_trace(tmp_path / "steady.json", plan, [frames[1]] * 3)
+    code, out, err = run(["validate", "--trace", str(steady), "--json"], capsys)
+    assert json.loads(out)["too_noisy"] is False
+
+
 def test_mismatched_trace_and_profile_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tl, plan = predicted()
     other_device = write_trace(tmp_path / "gpu.json", plan, [tl.df], device="NVIDIA H100")
