@@ -1,7 +1,8 @@
 """Example batches and modules for `distsim profile --torch-model tests.torch_helper:FUNCTION` (the tests' user code).
 
 `make`: a tiny Hugging Face GPT-2 LM (needs transformers); `make_mlp`: a torch nn.Sequential of identical
-Linear + ReLU blocks; the rest break the contract on purpose.
+Linear + ReLU blocks (`make_deep_mlp`: six of them); `make_plain`: no repeated blocks; the rest break the contract on
+purpose.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def make_mlp(width: int = 64, blocks: int = 3) -> tuple[nn.Module, torch.Tensor]
     torch.manual_seed(0)
     body = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)]
     return nn.Sequential(nn.Linear(16, width), *body, nn.Linear(width, 4)), torch.randn(8, 16)
+
+
+def make_deep_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """make_mlp with 6 blocks: more than a self-check chain holds."""
+    return make_mlp(blocks=6)
 
 
 def make_plain() -> tuple[nn.Module, torch.Tensor]:

@@ -124,7 +124,7 @@ def _config(args: ProfileArgs, cluster: Any, strategies: list[Any], emulation: A
         nodes=cluster.nodes if cluster is not None else None, strategies=[st.describe() for st in strategies],
         out=os.path.abspath(m.out), warmup=m.warmup, repeats=m.repeats, comm_repeats=m.comm_repeats,
         max_comm_bytes=parse_bytes(m.max_comm_bytes), max_group=m.max_group, timeout_s=args.launch.timeout,
-        overwrite=m.overwrite, compute=not m.no_compute, comm=not m.no_comm,
+        overwrite=m.overwrite, compute=not m.no_compute, comm=not m.no_comm, self_check=not m.no_self_check,
         emulation=emulation.to_dict() if emulation else {}, command=invoked_command(),
         torch_model=portable_spec(args.targets.torch_model),
     )  # fmt: skip

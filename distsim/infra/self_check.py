@@ -14,7 +14,8 @@ and a warning for ``distsim simulate --profile``.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 BIAS_LIMIT = 0.15
@@ -63,6 +64,25 @@ def summarise(
     if compared:
         summary["stage_ratio"] = round(sum(r["isolated_s"] for r in compared) / sum(r["insitu_s"] for r in compared), 4)
     return ratios, summary
+
+
+def record(chains: list[dict[str, Any]], results: dict[str, Any], isolated: Mapping[str, float],
+           measured: Collection[str], seconds: float, log: Callable[[str], None],
+           method: str = METHOD, what: str = "stage chain(s)") -> dict[str, Any]:  # fmt: skip
+    """:func:`summarise` the chains, set each measured event's ``insitu_ratio`` in `results` (measurements by event
+    key), log the summary (`what` names the chains) and any bias, and return the provenance summary with its
+    `method`: what the zoo's stage chains and a user's torch module's chain of blocks share once timed."""
+    ratios, summary = summarise(chains, isolated, measured, seconds)
+    summary["method"] = method
+    for key, ratio in ratios.items():
+        results[key] = replace(results[key], insitu_ratio=ratio)
+    if "stage_ratio" in summary:
+        log(f"self-check: isolated / in-situ {summary['stage_ratio']:.3f} over {len(chains)} {what}, per "
+            f"event {summary['ratio_min']:.3f}-{summary['ratio_max']:.3f} ({summary['events']} events)")  # fmt: skip
+    warning = bias_warning({"self_check": summary})
+    if warning:
+        log(f"warning: {warning}")
+    return summary
 
 
 def bias_warning(provenance: Mapping[str, Any], limit: float = BIAS_LIMIT) -> str | None:

@@ -13,13 +13,17 @@ L2 swept with twice its size before each call; see :class:`FedTimer`), and the h
 measured too (the event's launch time). The FLOPs of one
 untimed run of the phase are counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and
 fused attention). Nothing here uses ``torch.distributed``.
+
+The timing loop itself (:func:`time_steps`: micro-batches in flight, sweep, warm-up, the fed timer on CUDA) takes any
+named forward and backward calls, so a user's torch module's layers (``distsim profile --torch-model``,
+:mod:`distsim.profiler.torch_timing`) are timed by the same code as the zoo's blocks.
 """
 
 from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,12 +230,157 @@ class FedTimer:
 
 @dataclass
 class PhaseTimes:
-    """What :func:`time_phase` measured: device seconds per timed call, and on CUDA the host's launch seconds."""
+    """What :func:`time_steps` measured of one named call: device seconds per timed call, and on CUDA the host's
+    launch seconds (None on CPU, where the host runs the work: its launch is the work itself)."""
 
     times_s: list[float]
     launch_s: list[float] | None
     starved: int = 0
     warmup_rounds: int = 0
+
+
+Step = tuple[str, Callable[[], object]]
+"""A named call to time on its own: one phase of one layer (``F``, ``B``, ``pre/B`` ...)."""
+Forward = Callable[[], Step]
+"""Prepares one micro-batch (its fresh inputs, untimed) and returns the named call that runs its forward."""
+Backward = Callable[[Any], list[Step]]
+"""The named calls, in order, that run the backward of what a forward call returned."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """A moment inside a timed call (:func:`point`): the device's (a CUDA event recorded on the current stream; on
+    CPU the host clock) and the host's clock."""
+
+    device: Any
+    host: float
+
+
+def point(device: torch.device) -> Point:
+    """The device's and the host's time now (a CUDA event is recorded, nothing waits for it)."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return Point(event, time.perf_counter())
+    now = time.perf_counter()
+    return Point(now, now)
+
+
+@dataclass
+class Split:
+    """What a timed call returns when it runs several layers' work in one piece (a forward pass of a whole module
+    with its blocks stubbed runs ``pre`` and ``post``, which cannot be called apart): `value` is kept for the
+    backward, and each part is recorded under its own name, timed between its two :class:`Point` s, instead of the
+    call. The call is fed and swept as any other; its parts are timed when the call is."""
+
+    value: Any
+    parts: dict[str, tuple[Point, Point]]
+
+
+def _between(start: Point, end: Point) -> tuple[float, float]:
+    """(device seconds, host seconds) from `start` to `end`; CUDA events must have completed (the timer waited for
+    the end of the call that recorded them)."""
+    if isinstance(start.device, float):
+        return end.device - start.device, end.host - start.host
+    return start.device.elapsed_time(end.device) / 1e3, end.host - start.host
+
+
+class _Steps:
+    """One :func:`time_steps` run's timer (CUDA: :class:`FedTimer`), sweep buffer and recordings."""
+
+    def __init__(self, device: torch.device, timed: Collection[str] | None) -> None:
+        self.device, self.timed = device, timed
+        self.evict = torch.empty(evict_bytes(device) // 4, dtype=torch.float32, device=device)
+        self.timer = FedTimer(device) if device.type == "cuda" else None
+        self.samples: dict[str, list[float]] = {}
+        self.launches: dict[str, list[float]] = {}
+        self.starved: dict[str, int] = {}
+
+    def wanted(self, name: str) -> bool:
+        return self.timed is None or name in self.timed
+
+    def call(self, name: str, fn: Callable[[], Any], warming: bool) -> Any:
+        """Run `fn` (CPU: swept and timed with ``perf_counter``; CUDA: fed and swept by the timer if `name` is
+        timed, else only enqueued), record its time (or its :class:`Split`'s parts') unless `warming`, and return
+        its result (a Split's value)."""
+        timer = self.timer
+        if timer is not None and not self.wanted(name):  # CUDA, not timed: only run it (activations, a backward)
+            result = fn()
+            return result.value if isinstance(result, Split) else result
+        if timer is None:  # CPU: the host runs the work
+            self.evict.add_(1.0)
+            _sync(self.device)
+            dt, result = _timed(fn, self.device)
+            launch, starved = None, 0
+        else:
+            before = timer.starved
+            dt, launch, result = timer(fn, self.evict, name, timed=not warming)
+            starved = timer.starved - before
+        parts: dict[str, tuple[float, float | None]] = {name: (dt, launch)}
+        if isinstance(result, Split):
+            parts = {part: _between(a, b) for part, (a, b) in result.parts.items()}
+            result = result.value
+        if not warming and self.wanted(name):
+            for part, (seconds, host) in parts.items():
+                self.samples.setdefault(part, []).append(seconds)
+                if timer is not None and host is not None:
+                    self.launches.setdefault(part, []).append(host)
+                self.starved[part] = self.starved.get(part, 0) + starved
+        return result
+
+    def round(self, forward: Forward, backward: Backward, warming: bool) -> None:
+        """``IN_FLIGHT`` forwards with their results kept, then their backwards, the latest first."""
+        kept = [self.call(*forward(), warming) for _ in range(IN_FLIGHT)]
+        for value in reversed(kept):  # all freed when the round ends
+            for name, fn in backward(value):
+                self.call(name, fn, warming)
+
+    def result(self, repeats: int, warmup_rounds: int) -> dict[str, PhaseTimes]:
+        cuda = self.timer is not None
+        return {
+            name: PhaseTimes(times[:repeats], self.launches.get(name, [])[:repeats] if cuda else None,
+                             self.starved.get(name, 0), warmup_rounds)
+            for name, times in self.samples.items()
+        }  # fmt: skip
+
+
+def time_steps(
+    forward: Forward,
+    backward: Backward,
+    timed: Collection[str] | None,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    warmup_s: float | None = None,
+) -> dict[str, PhaseTimes]:
+    """Time named calls as a pipeline stage runs them: ``IN_FLIGHT`` micro-batches forward (`forward()` prepares
+    one and names its call) with their results kept, then their backwards in reverse (`backward(result)` names the
+    calls), the cache swept before each timed call (as the stage's other layers would; a block repeated in a hot
+    loop reuses the same memory and cached weights: 15-20 % fast on CPU). Calls named in `timed` (None: every call)
+    are recorded, a :class:`Split`'s parts under their own names.
+
+    At least `warmup` untimed rounds run first, and on CUDA until `warmup_s` seconds have passed (default
+    ``CUDA_WARMUP_S``; CPU: 0). CPU calls are timed with ``perf_counter``; on CUDA the timed calls with
+    :class:`FedTimer` (GPU kept fed, L2 swept, the host's launch time recorded), the others only enqueued. The one
+    timing path of the zoo's blocks (:func:`time_phase`) and a user's torch module's layers
+    (:mod:`distsim.profiler.torch_timing`). Returns `repeats` samples per recorded name.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    steps = _Steps(device, timed)
+    cuda = device.type == "cuda"
+    warm_s = (CUDA_WARMUP_S if cuda else 0.0) if warmup_s is None else warmup_s
+    rounds_needed, timed_rounds, r, warming = -(-repeats // IN_FLIGHT), 0, 0, True
+    started = time.perf_counter()
+    while timed_rounds < rounds_needed:
+        if warming and r >= warmup and (time.perf_counter() - started >= warm_s or r >= MAX_WARMUP_ROUNDS):
+            warming = False
+            if steps.timer is not None:
+                steps.timer.calibrate()  # the clocks are up now
+        steps.round(forward, backward, warming)
+        timed_rounds += not warming
+        r += 1
+    return steps.result(repeats, r - rounds_needed)
 
 
 def time_phase(
@@ -244,55 +393,18 @@ def time_phase(
     repeats: int,
     warmup_s: float | None = None,
 ) -> PhaseTimes:
-    """Time `phase` (``F``: ``call(*inputs)``; ``B``: ``torch.autograd.backward`` of its output with `grad`) as a
-    pipeline stage runs it: ``IN_FLIGHT`` micro-batches forward with their activations kept, then their backwards
-    in reverse, the cache swept before each timed call (as the stage's other layers would; a block repeated in a hot
-    loop reuses the same memory and cached weights: 15-20 % fast on CPU).
+    """Time `phase` of a block (``F``: ``call(*inputs)``; ``B``: ``torch.autograd.backward`` of its output with
+    `grad`) with :func:`time_steps`, the other phase run (on CUDA only enqueued) to keep the activations and free
+    them."""
 
-    At least `warmup` untimed rounds run first, and on CUDA until `warmup_s` seconds have passed (default
-    ``CUDA_WARMUP_S``; CPU: 0). CPU calls are timed with ``perf_counter``; CUDA calls with :class:`FedTimer`.
-    """
-    cuda = device.type == "cuda"
-    warm_s = (CUDA_WARMUP_S if cuda else 0.0) if warmup_s is None else warmup_s
-    evict = torch.empty(evict_bytes(device) // 4, dtype=torch.float32, device=device)
-    timer = FedTimer(device) if cuda else None
+    def forward() -> Step:
+        x = fresh_inputs()
+        return "F", lambda: call(*x)
 
-    def run(fn: Callable[[], Any], this_phase: str, warming: bool) -> tuple[float, float | None, Any]:
-        if timer is None:  # CPU: the host runs the work
-            evict.add_(1.0)
-            _sync(device)
-            dt, result = _timed(fn, device)
-            return dt, None, result
-        if this_phase != phase:  # CUDA, the other phase: only run it (its activations or its backward)
-            return 0.0, None, fn()
-        return timer(fn, evict, phase, timed=not warming)
+    def backward(out: Any) -> list[Step]:
+        return [("B", lambda: torch.autograd.backward(out, grad))]
 
-    times: list[float] = []
-    launches: list[float] = []
-    rounds_needed, r, warming = -(-repeats // IN_FLIGHT), 0, True
-    started = time.perf_counter()
-    while len(times) < rounds_needed * IN_FLIGHT:
-        if warming and r >= warmup and (time.perf_counter() - started >= warm_s or r >= MAX_WARMUP_ROUNDS):
-            warming = False
-            if timer is not None:
-                timer.calibrate()  # the clocks are up now
-        kept = []
-        for _ in range(IN_FLIGHT):
-            x = fresh_inputs()
-            dt, launch, out = run(lambda x=x: call(*x), "F", warming)
-            kept.append(out)
-            if phase == "F" and not warming:
-                times.append(dt)
-                launches += [] if launch is None else [launch]
-        for out in reversed(kept):
-            dt, launch, _ = run(lambda out=out: torch.autograd.backward(out, grad), "B", warming)
-            if phase == "B" and not warming:
-                times.append(dt)
-                launches += [] if launch is None else [launch]
-        del kept, out
-        r += 1
-    n_warm = r - rounds_needed
-    return PhaseTimes(times[:repeats], launches[:repeats] if cuda else None, timer.starved if timer else 0, n_warm)
+    return time_steps(forward, backward, {phase}, device, warmup, repeats, warmup_s)[phase]
 
 
 def time_compute_event(
@@ -402,65 +514,3 @@ def _describe(timing: ComputeTiming) -> str:
     host = "" if launch is None else f", host launch {launch * 1e3:.3f} ms"
     starved = f", {timing.starved} call(s) launched slower than the sleep before them" if timing.starved else ""
     return f"{timing.key}: median {median * 1e3:.3f} ms (p10 {p10 * 1e3:.3f}, p90 {p90 * 1e3:.3f}){host}{starved}"
-
-
-# ------------------------------------------------------------------------------------------ any forward and backward
-def mark(device: torch.device) -> Any:
-    """A point in the device's time: a recorded CUDA event on the current stream, else the host clock."""
-    if device.type == "cuda":
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
-
-def seconds_between(start: Any, end: Any) -> float:
-    """Seconds between two :func:`mark` s (waits for a CUDA event to complete)."""
-    if isinstance(start, float):
-        return end - start
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-Step = tuple[str, Callable[[], object]]
-"""A named piece of work to time on its own (a backward pass)."""
-
-
-def time_in_flight(
-    forward: Callable[[], tuple[Any, dict[str, float]]],
-    backward: Callable[[Any], list[Step]],
-    device: torch.device | str,
-    warmup: int = 2,
-    repeats: int = 10,
-) -> dict[str, list[float]]:
-    """Seconds per name of work that times its own forward and hands back its backward, measured as
-    :func:`time_compute_event` measures a block: IN_FLIGHT forwards with their activations kept, then their
-    backwards in reverse, the cache swept before each call, `warmup` rounds discarded.
-
-    `forward()` runs once and returns (what its backward needs, seconds per name it timed, e.g. with
-    :func:`_timed` or between :func:`mark` s); `backward(value)` returns the steps to time in order. Returns
-    `repeats` samples per name (the first `repeats` after warm-up).
-    """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    dev = torch.device(device)
-    evict = torch.empty(EVICT_BYTES // 4, dtype=torch.float32, device=dev)
-    samples: dict[str, list[float]] = {}
-    for r in range(warmup + -(-repeats // IN_FLIGHT)):
-        kept = []
-        for _ in range(IN_FLIGHT):
-            evict.add_(1.0)
-            _sync(dev)
-            value, times = forward()
-            kept.append(value)
-            for name, dt in times.items():
-                if r >= warmup:
-                    samples.setdefault(name, []).append(dt)
-        while kept:  # the latest first, each freed once its backward ran
-            for name, step in backward(kept.pop()):
-                evict.add_(1.0)
-                _sync(dev)
-                dt, _ = _timed(step, dev)
-                if r >= warmup:
-                    samples.setdefault(name, []).append(dt)
-    return {name: times[:repeats] for name, times in samples.items()}

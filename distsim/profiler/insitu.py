@@ -8,14 +8,15 @@ synchronisation between blocks. On CUDA, events are recorded between blocks (bef
 GPU sleeps while the host enqueues the first block, as a training step's host runs ahead of its GPU); on CPU,
 ``perf_counter`` is read between blocks. The blocks do not pass data to each other: each gets inputs of its own
 shapes, made before the round, so that any model's stage chains (skip connections, encoder outputs, branches) and
-the device runs the same kernels in the same order.
+the device runs the same kernels in the same order. A user's torch module (``--torch-model``) is checked the same way
+on a chain of its own consecutive blocks (:func:`time_in_situ`, the loop both share).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,16 @@ from distsim.core.models.graph import Block, Model
 from distsim.core.strategy import Strategy
 from distsim.profiler.blocks import torch_dtype
 from distsim.profiler.build import build_block, can_build
-from distsim.profiler.compute import FIRST_SLEEP_S, SLEEP_MARGIN, SLEEP_PAD_S, FedTimer, evict_bytes
+from distsim.profiler.compute import (
+    FIRST_SLEEP_S,
+    SLEEP_MARGIN,
+    SLEEP_PAD_S,
+    Backward,
+    FedTimer,
+    Forward,
+    Step,
+    evict_bytes,
+)
 from distsim.profiler.tp_comm import TPComm
 from distsim.sim.costs import AnalyticCosts, ComputeEvent
 from distsim.sim.flow.events import resolve_partition
@@ -107,7 +117,6 @@ def time_chain(chain: Chain, device: torch.device, warmup: int = CHAIN_WARMUP, r
     """Time `chain` in situ: ``{"label", "layers", "keys": [event key per position in run order], "samples_s":
     [[seconds per round] per position]}`` (see the module docstring for the method)."""
     dtype = torch_dtype(chain.dtype, device)
-    cuda = device.type == "cuda"
     modules = [
         build_block(chain.event(i, "F").block, chain.event(i, "F").effective_tp, 0, TPComm.local(), dtype, device,
                     generator=torch.Generator(device=device).manual_seed(seed + i))
@@ -126,45 +135,82 @@ def time_chain(chain: Chain, device: torch.device, warmup: int = CHAIN_WARMUP, r
         grad = torch.randn(out.shape, generator=gen, device=device, dtype=torch.float32).to(out.dtype)
         grads.append(None if out.ndim == 0 else grad)
         del out
+
+    def work(m: Any, grad: Tensor | None) -> tuple[Forward, Backward]:
+        def forward() -> Step:
+            x = inputs(m)
+            return "F", lambda: m(*x)
+
+        return forward, lambda out: [("B", lambda: torch.autograd.backward(out, grad))]
+
+    samples = time_in_situ([work(m, g) for m, g in zip(modules, grads, strict=True)], device, warmup, rounds)
+    return {"label": chain.label, "layers": list(chain.layers), "keys": list(chain.keys), "samples_s": samples}
+
+
+def time_in_situ(works: Sequence[tuple[Forward, Backward]], device: torch.device, warmup: int = CHAIN_WARMUP,
+                 rounds: int = CHAIN_ROUNDS) -> list[list[float]]:  # fmt: skip
+    """Seconds per round of each position of a chain of layers run in situ, in run order (every forward, then
+    every backward in reverse), after `warmup` rounds. Each layer is a (forward, backward) pair as
+    :func:`~distsim.profiler.compute.time_steps` takes them; every forward's inputs are prepared before the round,
+    and a layer's backward is all the calls its `backward` names. The one chain timing of the zoo's stages
+    (:func:`time_chain`) and a user's torch module's blocks (:mod:`distsim.profiler.torch_timing`)."""
     evict = torch.empty(evict_bytes(device) // 4, dtype=torch.float32, device=device)
-    timer = FedTimer(device) if cuda else None
+    timer = FedTimer(device) if device.type == "cuda" else None
     head_start_s = FIRST_SLEEP_S
-    n = len(modules)
-    samples: list[list[float]] = [[] for _ in range(2 * n)]
+    samples: list[list[float]] = [[] for _ in range(2 * len(works))]
     for r in range(warmup + rounds):
-        xs = [inputs(m) for m in modules]
+        calls = [forward()[1] for forward, _ in works]
         evict.add_(1.0)
-        outs: list[Tensor] = []
         if timer is not None:
-            torch.cuda.synchronize(device)
-            torch.cuda._sleep(int(head_start_s * timer.cycles_per_s))
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n + 1)]
-            marks[0].record()
-            t0 = time.perf_counter()
-            for i, m in enumerate(modules):
-                outs.append(m(*xs[i]))
-                marks[i + 1].record()
-                if i == 0:  # the next round's head start covers the host's launch of the first block
-                    head_start_s = SLEEP_MARGIN * (time.perf_counter() - t0) + SLEEP_PAD_S
-            for j, i in enumerate(reversed(range(n))):
-                torch.autograd.backward(outs[i], grads[i])
-                marks[n + j + 1].record()
-            marks[-1].synchronize()
-            durations = [marks[k].elapsed_time(marks[k + 1]) / 1e3 for k in range(2 * n)]
+            durations, head_start_s = _round_cuda(calls, [b for _, b in works], device, timer, head_start_s)
         else:
-            stamps = [time.perf_counter()]
-            for i, m in enumerate(modules):
-                outs.append(m(*xs[i]))
-                stamps.append(time.perf_counter())
-            for i in reversed(range(n)):
-                torch.autograd.backward(outs[i], grads[i])
-                stamps.append(time.perf_counter())
-            durations = [b - a for a, b in itertools.pairwise(stamps)]
-        del outs, xs
+            durations = _round_cpu(calls, [b for _, b in works])
+        del calls  # this round's inputs
         if r >= warmup:
             for k, d in enumerate(durations):
                 samples[k].append(d)
-    return {"label": chain.label, "layers": list(chain.layers), "keys": list(chain.keys), "samples_s": samples}
+    return samples
+
+
+def _run_backward(backward: Backward, out: Any) -> None:
+    for _, fn in backward(out):
+        fn()
+
+
+def _round_cuda(calls: list[Callable[[], Any]], backwards: list[Backward], device: torch.device, timer: FedTimer,
+                head_start_s: float) -> tuple[list[float], float]:  # fmt: skip
+    """One round on CUDA: the GPU asleep for `head_start_s` while the host enqueues the first layer, CUDA events
+    between layers, no host synchronisation; (durations in run order, the next round's head start)."""
+    n = len(calls)
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(int(head_start_s * timer.cycles_per_s))
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n + 1)]
+    marks[0].record()
+    t0 = time.perf_counter()
+    outs = []
+    for i, call in enumerate(calls):
+        outs.append(call())
+        marks[i + 1].record()
+        if i == 0:  # the next round's head start covers the host's launch of the first layer
+            head_start_s = SLEEP_MARGIN * (time.perf_counter() - t0) + SLEEP_PAD_S
+    for j, i in enumerate(reversed(range(n))):
+        _run_backward(backwards[i], outs[i])
+        marks[n + j + 1].record()
+    marks[-1].synchronize()
+    return [marks[k].elapsed_time(marks[k + 1]) / 1e3 for k in range(2 * n)], head_start_s
+
+
+def _round_cpu(calls: list[Callable[[], Any]], backwards: list[Backward]) -> list[float]:
+    """One round on CPU: ``perf_counter`` read between layers."""
+    stamps = [time.perf_counter()]
+    outs = []
+    for call in calls:
+        outs.append(call())
+        stamps.append(time.perf_counter())
+    for i in reversed(range(len(calls))):
+        _run_backward(backwards[i], outs[i])
+        stamps.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 def run_chains(chains: list[Chain], device: torch.device, budget_s: float = BUDGET_S,

@@ -124,6 +124,8 @@ class TracedModel:
                                      "saved_bytes": x.saved_bytes}  # fmt: skip
             if x.tied_to is not None:
                 entry["tied_to"], entry["tied_params"] = x.tied_to, x.tied_params
+            if x.kind in ("pre", "post") and self.units:
+                entry["recomputable"] = False  # checkpointing wraps the blocks (HF, Megatron), not what is around them
             layers.append(entry)
         data: dict[str, Any] = {
             "name": self.name,
@@ -148,7 +150,7 @@ class TracedModel:
         if self.repeated:
             block = self.layers[1 if self.has_pre else 0]
             parts.insert(1 if self.has_pre else 0,
-                         f"{len(self.units)} x {block.op.removeprefix('torch:')} ({_span(self.units)})")  # fmt: skip
+                         f"{len(self.units)} x {block.op.removeprefix('torch:')} ({span(self.units)})")  # fmt: skip
         return " + ".join(parts)
 
     def report(self) -> str:
@@ -173,7 +175,8 @@ class TracedModel:
         return "\n".join(lines)
 
 
-def _span(paths: list[str]) -> str:
+def span(paths: list[str]) -> str:
+    """Module paths as one short name: ``transformer.h.0..23`` for siblings, else the first and the last."""
     if len(paths) < 2:
         return ", ".join(paths)
     head, _, first = paths[0].rpartition(".")

@@ -189,6 +189,10 @@ def run(cfg: ProfileConfig, traced: Any = None) -> None:
     if cfg.compute and cfg.self_check and measured.results and checked and not cfg.torch_model:
         measured.self_check = _self_check(work.model, work.cluster, checked, measured.results, existing, me.device,
                                           me.rank, me.world, me.log)  # fmt: skip
+    elif cfg.compute and cfg.self_check and measured.results and work.traced is not None:  # rank 0 of a torch module
+        from distsim.profiler.torch_timing import self_check
+
+        measured.self_check = self_check(work.traced, measured.results, existing, me.log)
 
     measured.comm, measured.interference = _measure_comm(cfg, work.found, known_comm, me)
     if cfg.collocation and me.rank == 0:
@@ -447,9 +451,7 @@ def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[s
                 device: Any, rank: int, world: int, log: Callable[[str], None]) -> dict[str, Any] | None:  # fmt: skip
     """Every rank times its share of the in-situ chains (distsim.profiler.insitu); rank 0 sets each measured
     event's insitu_ratio in `results` and returns the provenance summary (other ranks: None)."""
-    from dataclasses import replace
-
-    from distsim.infra.self_check import bias_warning, summarise
+    from distsim.infra.self_check import record
     from distsim.profiler.insitu import plan_chains, run_chains
 
     started = time.perf_counter()
@@ -459,16 +461,7 @@ def _self_check(model: Any, cluster: Any, strategies: list[Any], results: dict[s
     if rank != 0:
         return None
     isolated = {k: m.seconds for k, m in {**(existing.compute if existing else {}), **results}.items()}
-    ratios, summary = summarise(timings, isolated, measured, time.perf_counter() - started)
-    for key, ratio in ratios.items():
-        results[key] = replace(results[key], insitu_ratio=ratio)
-    if "stage_ratio" in summary:
-        log(f"self-check: isolated / in-situ {summary['stage_ratio']:.3f} over {len(timings)} stage chain(s), per "
-            f"event {summary['ratio_min']:.3f}-{summary['ratio_max']:.3f} ({summary['events']} events)")  # fmt: skip
-    warning = bias_warning({"self_check": summary})
-    if warning:
-        log(f"warning: {warning}")
-    return summary
+    return record(timings, results, isolated, measured, time.perf_counter() - started, log)
 
 
 def _is_torch(op: str) -> bool:

@@ -137,11 +137,13 @@ def _sources(path: Path, capsys: pytest.CaptureFixture[str], strategy: str, *mor
 def test_profile_and_simulate_a_torch_sequential(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "mlp.json"
-    code, _, err = run_cli(["profile", "--torch-model", f"{HELPER}:make_mlp", "--out", str(out), *FAST], capsys)
+    code, _, err = run_cli(["profile", "--torch-model", f"{HELPER}:make_mlp", "--out", str(out), "--no-self-check",
+                            *FAST], capsys)  # fmt: skip
     assert code == 0, err
     assert "3 x Sequential (1..3)" in err and f"distsim simulate --model {out}" in err
     db = load_profile(out)
     assert db.model is not None and db.provenance["model"] == f"{HELPER}:make_mlp"
+    assert "self_check" not in db.provenance  # --no-self-check (the check itself: test_torch_model_gpu_true.py)
     assert sum(k.startswith("torch:") for k in db.compute) == 6  # pre, block, post x forward, backward
     result = _sources(out, capsys, "1M1P1D", "--nodes", "1", "--cluster", "cpu-2x1")  # one GPU: no communication
     assert result["event_sources"] == {"measured": 7}  # 3 layers' forward and backward, the whole model's step

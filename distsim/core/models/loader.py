@@ -21,6 +21,7 @@ Two forms, which may be combined (the transformer stack first, then the listed l
         saved_bytes: 4096            # bytes per sample kept for backward
         saved_core_bytes: 0          # of saved_sharded_bytes, what selective recomputation drops (attention core)
         saved_sp_bytes: 0            # of saved_bytes, what sequence parallelism divides by tp
+        recomputable: true           # full recomputation re-runs it (false: an embedding or LM head; default true)
         repeat: 4
       - name: head
         flops: 1.0e9                 # forward FLOPs per sample (time then comes from the cost source)
@@ -64,7 +65,7 @@ _BLOCK_KEYS = {
 }  # fmt: skip
 _LAYER_KEYS = _BLOCK_KEYS | {
     "name", "out_bytes", "saved_bytes", "saved_sharded_bytes", "saved_core_bytes", "saved_sp_bytes", "inputs", "repeat",
-    "blocks", "tied_to", "tied_params",
+    "blocks", "tied_to", "tied_params", "recomputable",
 }  # fmt: skip
 
 
@@ -130,6 +131,9 @@ def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
     repeat = positive_int(entry.get("repeat", 1), f"{where}: repeat", ModelFileError, MAX_LAYERS)
     if repeat > room:
         raise ModelFileError(f"{where}: repeat {repeat:,} takes the model past the limit of {MAX_LAYERS:,} layers")
+    recomputable = entry.get("recomputable", True)
+    if not isinstance(recomputable, bool):
+        raise ModelFileError(f"{where}: recomputable must be true or false, got {recomputable!r}")
     tied = entry.get("tied_params")
     tied_params = None if tied is None else integer(tied, f"{where}: tied_params", ModelFileError, minimum=0)
     out = []
@@ -147,6 +151,7 @@ def _layers(entry: Any, index: int, room: int, file: str) -> list[Layer]:
                 inputs=layer_inputs,
                 tied_to=None if entry.get("tied_to") is None else str(entry["tied_to"]),
                 tied_params=tied_params,
+                recomputable=recomputable,
             )
         )
     return out
