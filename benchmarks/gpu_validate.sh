@@ -6,16 +6,27 @@
 #
 # Rows, each profiled right before it is executed (its own profile, which its traces name):
 #   one GPU         gpt2-345m and bert-large at micro-batch sizes 4 and 8, gpt3-1.3b at 1 and 2 (1M1P1D, M=4);
-#                   a Hugging Face GPT-2 medium (24 layers, h=1024, seq 1024, bf16, micro-batch 8) through
-#                   `distsim profile --torch-model` when this distsim has that option (else skipped, said so); executed
-#                   by `distsim execute --torch-model` if that exists, else its prediction (`simulate --model
-#                   PROFILE`) is compared with a plain training loop of the same module
+#   torch models    the shipped `--torch-model` examples (examples/torch_models/, bf16): Hugging Face GPT-2 medium
+#                   (micro-batch 8), a Hugging Face Llama-style 1.2B (GQA, SwiGLU; seq 2048, micro-batch 4),
+#                   megatron-core GPTModel in GPT-2 medium (micro-batch 8) and GPT-3 1.3B (seq 2048, micro-batch 2)
+#                   shapes, each also with full recomputation (a row NAME-recompute). Each model is profiled once
+#                   through `distsim profile --torch-model` (without recomputation: the simulator adds the recomputed
+#                   forward itself), predicted by `simulate --model PROFILE` for 1M1P1D with M micro-batches
+#                   (`--recompute full` for the recompute rows) and measured by a plain training loop of the same
+#                   module (examples/torch_models/train_loop.py: M micro-batches forward and backward, one AdamW
+#                   step); a row whose framework does not import is skipped, said so
 #   two+ GPUs       also gpt2-345m at micro-batch size 4 as 2D, 2P and 2M (1M1P2D, 1M2P1D, 2M1P1D) over NCCL on two
 #                   of them, launched with torchrun
 # A row that fails (out of memory, say) is reported and the others still run. Everything goes under OUT_DIR:
 # cluster-{1,2}gpu.yaml (this machine: the nearest DGX preset with the GPU's name and memory), profiles/, traces/,
-# logs/ (each row's full output), validate.txt, validate.csv, validate.json.
-# Environment: PYTHON (default python3), ITERATIONS (10), WARMUP (3), MICRO_BATCHES (4).
+# logs/ (each row's full output), loops/ (the torch-model rows' training loops), validate.txt, validate.csv,
+# validate.json.
+# Environment: PYTHON (default python3), ITERATIONS (10), WARMUP (3), MICRO_BATCHES (4); ROWS (default
+# "zoo torch 2gpu": every group) picks groups or single rows by name, e.g. ROWS=torch, ROWS="zoo hf-llama-1b" or
+# ROWS="megatron-gpt-1.3b megatron-gpt-1.3b-recompute"; TORCH_ITERATIONS (5) and TORCH_WARMUP (2) are the torch-model
+# rows' timed and untimed training steps, TORCH_REPEATS (5) their profiles' timed runs per event. The torch group
+# took 4 minutes on one H100 (2026-11-26: 16-19 s a profile, 18-23 s a row), the zoo group takes about as long
+# (32-45 s a row on an H200): where a call must end within 10 minutes, run ROWS=zoo and ROWS=torch as two calls.
 #
 # Setup on the CUDA machine (distsim's core does not depend on torch, so nothing here replaces a CUDA build):
 #   1. a CUDA build of torch: the command pytorch.org's install selector gives for your CUDA version, e.g.
@@ -30,7 +41,11 @@
 #      then on the GPU machine:
 #        python3 -m pip install --no-index --no-deps --target /tmp/site .whl/simpy-*.whl
 #        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-#   4. transformers, only for the Hugging Face row (skipped with a message without it).
+#   4. transformers for the Hugging Face rows and megatron-core for the megatron rows (each group skipped with a
+#      message without it). megatron-core is a single wheel (`pip install megatron-core`, 2.6 MB; it needs only
+#      torch, numpy and packaging; no Transformer Engine or Apex): carry it like simpy where there is no PyPI, built
+#      for the GPU machine's Python (`pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+#      megatron-core`).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +53,10 @@ PY=${PYTHON:-python3}
 ITERATIONS=${ITERATIONS:-10}
 WARMUP=${WARMUP:-3}
 M=${MICRO_BATCHES:-4}
+ROWS=${ROWS:-zoo torch 2gpu}
+TORCH_ITERATIONS=${TORCH_ITERATIONS:-5}
+TORCH_WARMUP=${TORCH_WARMUP:-2}
+TORCH_REPEATS=${TORCH_REPEATS:-5}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
@@ -53,7 +72,7 @@ if ! "$PY" -c 'import simpy' 2>/dev/null; then
 fi
 
 OUT=${1:-gpu-validate-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT/profiles" "$OUT/traces" "$OUT/logs" || exit 2
+mkdir -p "$OUT/profiles" "$OUT/traces" "$OUT/logs" "$OUT/loops" || exit 2
 OUT=$(cd "$OUT" && pwd)
 FAILED=()
 
@@ -73,6 +92,10 @@ print(f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:
       f"{props.L2_cache_size / 2**20:.0f} MiB), torch {torch.__version__}; cluster files based on {base}")
 EOF
 echo "output in $OUT"
+
+wanted() {  # row group: is the row asked for in ROWS (by its group or its own name)?
+  [[ " $ROWS " == *" $2 "* || " $ROWS " == *" $1 "* ]]
+}
 
 fail() {  # row, step
   echo "   FAILED: $1 $2 (see logs/$1.log)"
@@ -114,90 +137,86 @@ row() {  # name ranks model_args... -- strategies...   (model_args: --model X --
 # ------------------------------------------------------------------------------------------------------ one GPU
 for spec in gpt2-345m:4 gpt2-345m:8 bert-large:4 bert-large:8 gpt3-1.3b:1 gpt3-1.3b:2; do
   model=${spec%%:*} mbs=${spec##*:}
-  row "$model-mbs$mbs" 1 --model "$model" --micro-batch-size "$mbs" -- 1M1P1D
+  wanted "$model-mbs$mbs" zoo && row "$model-mbs$mbs" 1 --model "$model" --micro-batch-size "$mbs" -- 1M1P1D
 done
 
-# A Hugging Face GPT-2 medium through --torch-model (module:function returning (module, batch)). Where execute runs
-# such a module too, its trace joins the suite; where it does not, the row compares `simulate --model PROFILE` with
-# a plain training loop of the same module (M micro-batches forward and backward, one AdamW step; as hf_ref.py).
-HF_RESULT=""
-hf_row() {
-  local name=hf-gpt2-medium cluster="$OUT/cluster-1gpu.yaml"
-  local log="$OUT/logs/$name.log" profile="$OUT/profiles/$name.json" spec="$OUT/hf_gpt2_medium.py:gpt2_medium"
-  echo "== $name (1M1P1D through --torch-model)"
-  cat >"$OUT/hf_gpt2_medium.py" <<'PYEOF'
-"""Hugging Face GPT-2 medium (24 layers, h=1024, 16 heads, seq 1024, SDPA attention, bf16) and a micro-batch of 8.
-`python hf_gpt2_medium.py M STEPS` prints the median seconds of a plain training step (M micro-batches, AdamW)."""
-import statistics
-import sys
-import time
+# ------------------------------------------------------------------------------------------------- torch models
+# The shipped --torch-model examples (examples/torch_models/), each as it is (row NAME) and with full recomputation
+# (row NAME-recompute). The module is profiled once, without recomputation: a profile times each block's forward and
+# backward, and `simulate --recompute full` adds the recomputed forward itself (a checkpointed module's profiled
+# backward would hold it already, and megatron-core's checkpointing cannot be profiled block by block). Both rows
+# are predicted from that profile and measured by a plain training loop of their own module, run in a process of its
+# own (examples/torch_models/train_loop.py, one JSON line under loops/). Where `distsim execute` takes
+# --torch-model, the row executes it too and its trace joins the suite.
+TORCH_RESULTS=()
+EXAMPLES="$REPO/examples/torch_models"
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-
-
-def gpt2_medium():
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16, n_positions=1024, vocab_size=50257,
-                     attn_implementation="sdpa")
-    ids = torch.randint(0, cfg.vocab_size, (8, 1024))
-    return GPT2LMHeadModel(cfg).to(torch.bfloat16), {"input_ids": ids, "labels": ids}
-
-
-if __name__ == "__main__":
-    micro_batches, steps = int(sys.argv[1]), int(sys.argv[2])
-    model, batch = gpt2_medium()
-    model = model.cuda().train()
-    batch = {k: v.cuda() for k, v in batch.items()}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for _ in range(steps + 3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(micro_batches):
-            (model(**batch).loss / micro_batches).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    print(statistics.median(times[3:]))
+torch_row() {  # row spec recompute(none|full) profile
+  local name=$1 spec=$2 recompute=$3 profile=$4 log="$OUT/logs/$1.log" predicted line
+  echo "== $name (1M1P1D, recompute $recompute)"
+  local t0=$SECONDS
+  predicted=$("$PY" -m distsim simulate --model "$profile" --cluster "$OUT/cluster-1gpu.yaml" --strategy 1M1P1D \
+    --micro-batches "$M" --recompute "$recompute" --json 2>>"$log" \
+    | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["iteration_time_s"])') \
+    || { fail "$name" simulate; return; }
+  if ! "$PY" "$EXAMPLES/train_loop.py" "$spec" --micro-batches "$M" --steps "$TORCH_ITERATIONS" \
+      --warmup "$TORCH_WARMUP" >"$OUT/loops/$name.json" 2>>"$log"; then
+    fail "$name" "training loop"
+    return
+  fi
+  line=$("$PY" - "$name" "$predicted" "$OUT/loops/$name.json" <<'PYEOF'
+import json, sys
+name, predicted, path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+loop = json.loads(open(path).read().strip().splitlines()[-1])
+measured = loop["median_step_s"]
+print(f"{name:<30} {predicted * 1e3:9.1f} ms {measured * 1e3:9.1f} ms {100 * (predicted - measured) / measured:+7.1f} %"
+      f" {100 * loop['spread']:6.1f} %")
 PYEOF
-  if ! "$PY" -m distsim profile --torch-model "$spec" --cluster "$cluster" --strategy 1M1P1D --micro-batches "$M" \
-      --out "$profile" --overwrite >>"$log" 2>&1; then
+  ) || { fail "$name" "loop output"; return; }
+  TORCH_RESULTS+=("$line")
+  echo "   $line (predicted, measured, error, spread)"
+  if "$PY" -m distsim execute --help 2>/dev/null | grep -q -- "--torch-model"; then
+    "$PY" -m distsim execute --torch-model "${spec%_recompute}" --recompute "$recompute" \
+      --cluster "$OUT/cluster-1gpu.yaml" --strategy 1M1P1D --micro-batches "$M" --profile "$profile" \
+      --iterations "$ITERATIONS" --warmup "$WARMUP" --out "$OUT/traces/$name-1M1P1D.json" >>"$log" 2>&1 \
+      || fail "$name" "execute 1M1P1D"
+  fi
+  echo "   $((SECONDS - t0)) s"
+}
+
+torch_model() {  # name file function package: rows NAME and NAME-recompute of examples/torch_models/FILE:FUNCTION
+  local name=$1 spec="$EXAMPLES/$2:$3" package=$4 profile="$OUT/profiles/$1.json" log="$OUT/logs/$1.log"
+  wanted "$name" torch || wanted "$name-recompute" torch || return 0
+  if ! "$PY" -c "import $package" 2>/dev/null; then
+    echo "== $name, $name-recompute: skipped: $package does not import for $PY"
+    return
+  fi
+  echo "== $name: profile (--torch-model $2:$3, $TORCH_REPEATS timed runs per event)"
+  local t0=$SECONDS
+  if ! "$PY" -m distsim profile --torch-model "$spec" --cluster "$OUT/cluster-1gpu.yaml" --strategy 1M1P1D \
+      --micro-batches "$M" --repeats "$TORCH_REPEATS" --out "$profile" --overwrite >>"$log" 2>&1; then
     fail "$name" profile
     return
   fi
   grep -h "self-check:\|warning:" "$log" | sed 's/^/   /'
-  if "$PY" -m distsim execute --help 2>/dev/null | grep -q -- "--torch-model"; then
-    "$PY" -m distsim execute --torch-model "$spec" --cluster "$cluster" --strategy 1M1P1D --micro-batches "$M" \
-      --profile "$profile" --iterations "$ITERATIONS" --warmup "$WARMUP" --out "$OUT/traces/$name-1M1P1D.json" \
-      >>"$log" 2>&1 || fail "$name" "execute 1M1P1D"
-    return
-  fi
-  local predicted measured
-  predicted=$("$PY" -m distsim simulate --model "$profile" --cluster "$cluster" --strategy 1M1P1D \
-    --micro-batches "$M" --json 2>>"$log" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["iteration_time_s"])') \
-    || { fail "$name" simulate; return; }
-  measured=$("$PY" "$OUT/hf_gpt2_medium.py" "$M" "$ITERATIONS" 2>>"$log" | tail -n 1) \
-    || { fail "$name" "training loop"; return; }
-  HF_RESULT=$("$PY" - "$predicted" "$measured" <<'PYEOF'
-import sys
-p, m = map(float, sys.argv[1:])
-print(f"predicted {p * 1e3:.1f} ms, measured {m * 1e3:.1f} ms (plain training loop), error {100 * (p - m) / m:+.2f} %")
-PYEOF
-  )
-  echo "   $HF_RESULT"
+  echo "   $((SECONDS - t0)) s"
+  wanted "$name" torch && torch_row "$name" "$spec" none "$profile"
+  wanted "$name-recompute" torch && torch_row "$name-recompute" "${spec}_recompute" full "$profile"
 }
+
 if ! "$PY" -m distsim profile --help 2>/dev/null | grep -q -- "--torch-model"; then
-  echo "== hf-gpt2-medium: skipped: this distsim's profile has no --torch-model option"
-elif ! "$PY" -c "import transformers" 2>/dev/null; then
-  echo "== hf-gpt2-medium: skipped: transformers is not installed for $PY"
+  echo "== torch-model rows: skipped: this distsim's profile has no --torch-model option"
 else
-  hf_row
+  torch_model hf-gpt2-medium hf_gpt2.py gpt2_medium transformers
+  torch_model hf-llama-1b hf_llama.py llama_1b transformers
+  torch_model megatron-gpt-medium megatron_gpt.py gpt2_medium megatron.core
+  torch_model megatron-gpt-1.3b megatron_gpt.py gpt3_1_3b megatron.core
 fi
 
 # ------------------------------------------------------------------------------------------------- two GPUs, NCCL
-if [ "$GPUS" -ge 2 ]; then
+if ! wanted gpt2-345m-mbs4-2gpu 2gpu; then
+  :
+elif [ "$GPUS" -ge 2 ]; then
   row gpt2-345m-mbs4-2gpu 2 --model gpt2-345m --micro-batch-size 4 -- 1M1P2D 1M2P1D 2M1P1D
 else
   echo "== 2D, 2P, 2M: skipped: one GPU"
@@ -214,8 +233,13 @@ if ls "$OUT"/traces/*.json >/dev/null 2>&1; then
 else
   echo "no traces were written"
 fi
-if [ -n "$HF_RESULT" ]; then
-  echo "hf-gpt2-medium 1M1P1D M=$M: $HF_RESULT" | tee -a "$OUT/validate.txt"
+if [ ${#TORCH_RESULTS[@]} -gt 0 ]; then
+  {
+    echo
+    echo "torch-model rows (1M1P1D, M=$M): simulate --model PROFILE against examples/torch_models/train_loop.py"
+    printf '  %-30s %12s %12s %9s %8s\n' row predicted measured error spread
+    printf '  %s\n' "${TORCH_RESULTS[@]}"
+  } | tee -a "$OUT/validate.txt"
 fi
 echo
 echo "profiles' self-checks (isolated / in-situ compute time; distsim profile show FILE):"
