@@ -339,8 +339,9 @@ def _describe_host(host: Any) -> list[str]:
         return []
     lines = []
     if host.forward_op_s is not None and host.backward_op_s is not None:
+        call = "" if host.backward_call_s is None else f", {host.backward_call_s * 1e6:.1f} us per backward call"
         lines.append(f"host: {host.forward_op_s * 1e6:.1f} us per forward op, {host.backward_op_s * 1e6:.1f} us per "
-                     f"backward op ({host.method or 'method not recorded'})")  # fmt: skip
+                     f"backward op{call} ({host.method or 'method not recorded'})")  # fmt: skip
     names = {"F": "forward", "B": "backward"}
     phases = [p for p in ("F", "B") if p in host.per_kernel_s]
     if phases:

@@ -6,9 +6,12 @@ dispatcher and autograd's recording in forward, the autograd engine's node in ba
 GELU, Linear, Dropout, in turn, on a 4x8 fp32 tensor, one thread), whose work is negligible: the slope of the chain's
 time between two chain lengths is the host time per module, its constant costs (the first call, the loss, the
 engine's start) cancelled; the minimum over repetitions is taken at each length (the host's speed when nothing
-interrupts it). On CUDA the chain runs on the device and the clock stops after a synchronisation: the figures then
-include the kernel launch. ``distsim profile`` records them in the profile (``ProfileDB.host``), so that a profile
-states its host's speed (``distsim profile show``).
+interrupts it). The backward's constant (the chain's backward time less its modules' share: starting the autograd
+engine, handing the graph to its device thread and waking the caller when it is done) is ``backward_call_s``: a
+training loop pays it once per backward call, where a block's backward timed alone pays it in full. On CUDA the chain
+runs on the device and the clock stops after a synchronisation: the figures then include the kernel launch. ``distsim
+profile`` records them in the profile (``ProfileDB.host``), so that a profile states its host's speed (``distsim profile
+show``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class HostOpCosts:
     forward_s: float
     backward_s: float
     method: str
+    backward_call_s: float = 0.0
+    """The host seconds of one ``backward()`` call beyond its operators' (the engine's start and end)."""
 
 
 def _chain(length: int, device: torch.device) -> nn.Sequential:
@@ -112,5 +117,6 @@ def measure_host_op_costs(device: Any = "cpu", repeats: int = 20, warmup: int = 
         torch.set_num_threads(threads)
     forward = max(0.0, (timed[long][0] - timed[short][0]) / (long - short))
     backward = max(0.0, (timed[long][1] - timed[short][1]) / (long - short))
+    call = max(0.0, timed[short][1] - short * backward)  # the intercept: what a backward call costs beyond its ops
     where = "cpu, 1 thread" if dev.type == "cpu" else f"{dev.type} (launch included)"
-    return HostOpCosts(forward, backward, f"{METHOD}, {where}")
+    return HostOpCosts(forward, backward, f"{METHOD}, {where}", call)

@@ -427,6 +427,8 @@ def _host_speed(work: _Work, results: dict[str, Any], existing: Any, me: _Rank) 
     from distsim.sim.profile_db import HostSpeed
 
     ops = measure_host_op_costs(me.device)
+    # a backward launch timed alone includes one backward call's constant, which a loop pays once per micro-batch
+    constant = {"F": 0.0, "B": ops.backward_call_s}
     per_phase: dict[str, list[float]] = {"F": [], "B": []}
     if work.found is not None and work.cluster is not None:
         measured = {**(existing.compute if existing is not None else {}), **results}
@@ -437,13 +439,13 @@ def _host_speed(work: _Work, results: dict[str, Any], existing: Any, me: _Rank) 
             _, kernels = block_s(work.cluster.gpu, event.block.ops, event.phase, event.micro_batch_size,
                                  event.effective_tp)  # fmt: skip
             if kernels > 0:
-                per_phase[event.phase].append(m.launch_s / kernels)
+                per_phase[event.phase].append(max(0.0, m.launch_s - constant[event.phase]) / kernels)
     per_kernel = {p: statistics.median(v) for p, v in per_phase.items() if v}
     counts = {p: len(per_phase[p]) for p in per_kernel}
-    host = HostSpeed(ops.forward_s, ops.backward_s, ops.method, per_kernel, counts)
+    host = HostSpeed(ops.forward_s, ops.backward_s, ops.method, per_kernel, counts, ops.backward_call_s)
     kernel_note = "".join(f", {p} {t * 1e6:.1f} us per kernel ({counts[p]} events)" for p, t in per_kernel.items())
-    me.log(f"host speed: {ops.forward_s * 1e6:.1f} us per forward op, {ops.backward_s * 1e6:.1f} us per backward op "
-           f"({ops.method}){kernel_note}")  # fmt: skip
+    me.log(f"host speed: {ops.forward_s * 1e6:.1f} us per forward op, {ops.backward_s * 1e6:.1f} us per backward op, "
+           f"{ops.backward_call_s * 1e6:.1f} us per backward call ({ops.method}){kernel_note}")  # fmt: skip
     return host
 
 

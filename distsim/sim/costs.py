@@ -295,6 +295,11 @@ class ProfileCosts:
 
     def __post_init__(self) -> None:
         self.fallback = _paced_by_profile_host(self.fallback, self.db)
+        # A block's backward launch was timed as a call of its own: its constant (the autograd engine's start and
+        # end, HostSpeed.backward_call_s) is paid once per micro-batch's backward call in a training loop, not per
+        # block, so it is taken off every measured backward launch.
+        host = self.db.host
+        self._backward_call_s = (host.backward_call_s or 0.0) if host is not None else 0.0
 
     def _missing(self, what: str) -> None:
         if self.strict:
@@ -308,6 +313,8 @@ class ProfileCosts:
         if m is not None:
             # the host's measured enqueue time; profiles without one (CPU, older profiles) take the fallback's
             launch = m.launch_s if m.launch_s is not None else self.fallback.compute(event).launch_s
+            if m.launch_s is not None and event.phase == "B":
+                launch = max(0.0, launch - self._backward_call_s)
             return Cost(m.seconds, "measured", m.samples_s, launch)
         self._missing(f"compute event {event.key}")
         return self.fallback.compute(event)

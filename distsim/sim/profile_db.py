@@ -244,13 +244,17 @@ class HostSpeed:
     ``distsim.profiler.host``; on CUDA the launch included), measured as ``method`` says; None if not measured.
     ``per_kernel_s``: on accelerators, host seconds per kernel of the measured blocks (``F``, ``B``: the median over
     the measured compute events of their launch time over their kernel count from the analytic op lists, the GPU's
-    launch included), over ``per_kernel_events`` events per phase; empty where none was measured (CPU)."""
+    launch included), over ``per_kernel_events`` events per phase; empty where none was measured (CPU).
+    ``backward_call_s``: host seconds of one ``backward()`` call beyond its operators' (the engine's start and end),
+    which a block's backward launch timed alone includes and a training loop pays once per micro-batch; None if not
+    measured (older profiles)."""
 
     forward_op_s: float | None = None
     backward_op_s: float | None = None
     method: str = ""
     per_kernel_s: dict[str, float] = field(default_factory=dict)
     per_kernel_events: dict[str, int] = field(default_factory=dict)
+    backward_call_s: float | None = None
 
     def merge(self, newer: HostSpeed | None) -> HostSpeed:
         """This reading updated by `newer`'s: its per-operator figures where it measured them, its per-kernel figure
@@ -260,11 +264,11 @@ class HostSpeed:
         ops = newer if newer.forward_op_s is not None else self
         kernel = {**self.per_kernel_s, **newer.per_kernel_s}
         events = {p: (newer if p in newer.per_kernel_s else self).per_kernel_events.get(p, 0) for p in kernel}
-        return HostSpeed(ops.forward_op_s, ops.backward_op_s, ops.method, kernel, events)
+        return HostSpeed(ops.forward_op_s, ops.backward_op_s, ops.method, kernel, events, ops.backward_call_s)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"forward_op_s": self.forward_op_s, "backward_op_s": self.backward_op_s,
-                               "method": self.method or None}  # fmt: skip
+                               "backward_call_s": self.backward_call_s, "method": self.method or None}  # fmt: skip
         out = {k: v for k, v in out.items() if v is not None}
         if self.per_kernel_s:
             out["per_kernel_s"] = dict(sorted(self.per_kernel_s.items()))
@@ -545,4 +549,5 @@ def _host(v: Any) -> HostSpeed:
     per_kernel = {p: _host_seconds(t, f"per_kernel_s.{p}") for p, t in kernel.items()}
     counts = {p: int(events.get(p, 0)) for p in per_kernel}
     return HostSpeed(_opt(v, "forward_op_s", _host_seconds), _opt(v, "backward_op_s", _host_seconds),
-                     str(v.get("method") or ""), per_kernel, counts)  # fmt: skip
+                     str(v.get("method") or ""), per_kernel, counts,
+                     _opt(v, "backward_call_s", _host_seconds))  # fmt: skip

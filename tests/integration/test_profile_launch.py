@@ -130,7 +130,14 @@ def test_the_profiler_derives_the_host_time_per_kernel_from_measured_launch_time
     me = _Rank(0, 1, 1, torch.device("cpu"), "none", lambda _m: None)
     work = _Work(model, None, [strategy], [], cluster, found)
     host = _host_speed(work, results, None, me)
-    assert host.forward_op_s > 0 and host.backward_op_s > 0
+    assert host.forward_op_s > 0 and host.backward_op_s > 0 and host.backward_call_s is not None
+    # a backward launch timed alone carries one backward call's constant, which a loop pays once per micro-batch
+    call = host.backward_call_s
+    launches = {(event.phase, key): results[key].launch_s for key, event in events.items()}
+    kernels_of = {key: block_s(cluster.gpu, e.block.ops, e.phase, e.micro_batch_size, e.effective_tp)[1]
+                  for key, e in events.items()}  # fmt: skip
+    expected["B"] = [max(0.0, launches[("B", k)] - call) / kernels_of[k] for k, e in sorted(events.items())
+                     if e.phase == "B"]  # fmt: skip
     for phase in ("F", "B"):
         assert host.per_kernel_s[phase] == pytest.approx(statistics.median(expected[phase]))
         assert host.per_kernel_events[phase] == len(expected[phase]) > 1

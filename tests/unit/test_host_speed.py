@@ -152,3 +152,32 @@ def test_profile_show_prints_the_hosts_speed(tmp_path: Path, capsys: pytest.Capt
     write_json(path, _db(None).to_dict())
     code, out, _ = run_cli(["profile", "show", str(path)], capsys)
     assert code == 0 and "host:" not in out and "host per kernel" not in out
+
+
+def test_a_measured_backward_launch_loses_one_backward_calls_constant() -> None:
+    """A block's backward launch was timed as a backward call of its own; a training loop makes one call per
+    micro-batch, so the call's constant (recorded with the host's speed) is not charged per block."""
+    host = replace(HOST, backward_call_s=1.5e-4)
+    db = ProfileDB(
+        provenance={"device": "dev"},
+        host=host,
+        compute={MLP_F.key: Measurement(1e-3, launch_s=2e-4), MLP_B.key: Measurement(2e-3, launch_s=4e-4)},
+    )
+    costs = ProfileCosts(db, AnalyticCosts(_cluster()))
+    assert costs.compute(MLP_B).launch_s == pytest.approx(4e-4 - 1.5e-4)
+    assert costs.compute(MLP_F).launch_s == 2e-4  # a forward has no engine call of its own
+    small = replace(db, host=replace(host, backward_call_s=1e-3))  # never below nothing
+    assert ProfileCosts(small, AnalyticCosts(_cluster())).compute(MLP_B).launch_s == 0.0
+    older = replace(db, host=HOST)  # a profile without the figure: launches as measured
+    assert ProfileCosts(older, AnalyticCosts(_cluster())).compute(MLP_B).launch_s == 4e-4
+
+
+def test_the_backward_calls_constant_round_trips_and_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.json"
+    write_json(path, _db(replace(HOST, backward_call_s=1.5e-4)).to_dict())
+    assert json.loads(path.read_text())["host"]["backward_call_s"] == 1.5e-4
+    assert load_profile(path).host == replace(HOST, backward_call_s=1.5e-4)
+    code, out, err = run_cli(["profile", "show", str(path)], capsys)
+    assert code == 0 and "150.0 us per backward call" in out + err
