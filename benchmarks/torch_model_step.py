@@ -19,11 +19,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
-from distsim.profiler.torch_user import build, call_module, loss_of
+from distsim.profiler.torch_user import build
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "torch_models"))
+from train_loop import step_times  # the one plain loop, as the GPU rows measure
 
 
 def make_gpt2_cpu() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -40,18 +42,10 @@ def make_gpt2_cpu() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 
 def measure(spec: str, micro_batches: int, steps: int) -> float:
-    """Median seconds of a training step over the last `steps` of `steps + 3`."""
+    """Median seconds of a training step over the last `steps` of `steps + 3`: the shipped plain loop
+    (examples/torch_models/train_loop.py, M micro-batches forward and backward, one AdamW step)."""
     module, batch = build(spec, torch.device("cpu"))
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
-    times = []
-    for _ in range(steps + 3):
-        t0 = time.perf_counter()
-        for _ in range(micro_batches):
-            (loss_of(call_module(module, batch)) / micro_batches).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[3:])
+    return statistics.median(step_times(module, batch, micro_batches, steps, warmup=3)[3:])
 
 
 def predict(spec: str, micro_batches: int, out: str) -> float:
