@@ -13,8 +13,13 @@ failing that, the whole module is one layer. Work done between two blocks outsid
 
 One forward pass with hooks gives the call order, the tensors crossing each cut (produced before it and used after
 it: a pipeline stage boundary's activation bytes), each layer's saved-for-backward bytes (``saved_tensors_hooks``,
-each storage counted once, parameters excluded) and its parameters: those of the modules it calls, a parameter an
-earlier layer already used being *tied* to that layer (a Hugging Face LM head sharing the word embedding).
+each storage counted once, parameters excluded) and its parameters: those of the modules it calls and those its
+module calls receive as arguments, each once, a parameter an earlier layer already used being *tied* to that layer (a
+Hugging Face LM head owning the word embedding's weight, megatron-core's output layer given it as ``weight=``).
+
+A module that recomputes its blocks in backward (Hugging Face activation checkpointing, megatron-core's
+``recompute_granularity``, torch.utils.checkpoint) is refused in one line: profile it without checkpointing and let
+``simulate --recompute full`` add the recomputed forward.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from distsim.profiler.torch_trace import (
     Call,
     Recording,
     body_children,
+    checkpointing,
     choose_units,
     param_count,
     record,
@@ -186,20 +192,40 @@ def span(paths: list[str]) -> str:
 
 
 def trace(spec: str, device: torch.device | str) -> TracedModel:
-    """Build the user's module and discover its layer graph from one forward pass (nothing is timed here)."""
+    """Build the user's module and discover its layer graph from one forward pass (nothing is timed here). A
+    module that recomputes its blocks in backward is refused (:func:`_refuse_checkpointing`)."""
     dev = torch.device(device)
     module, batch = build(spec, dev)
+    _refuse_checkpointing(spec, checkpointing(module))
     groups, fallback = repeated_groups(module), body_children(module)
     watch = {p for g in groups for p in g} | set(fallback)
     try:
         rec = record(module, batch, watch)
     except TorchModelError as exc:  # the user's forward failed (or exited): say whose
         raise TorchModelError(f"--torch-model {spec}: {exc}") from None
+    _refuse_checkpointing(spec, rec.checkpointed)
     units, repeated = choose_units(module, rec, groups, fallback)
     mbs = batch_size(batch)
     layers, unused = _layers(module, batch, rec, units, mbs)
     return TracedModel(spec, module, batch, dev, units, repeated, layers, {p: rec.calls[p] for p in units}, mbs,
                        seq_len(batch), precision_of(module), unused)  # fmt: skip
+
+
+def _refuse_checkpointing(spec: str, how: str | None) -> None:
+    """One line refusing a module that checkpoints (`how` says how; None: it does not). A profile times each
+    block's forward and backward as they run without recomputation, and ``simulate --recompute`` adds the
+    recomputed forward where the strategy says. A checkpointed block's backward would hold its recomputation
+    (counted twice with --recompute full, and wrongly there with --recompute none), its saved bytes would be only
+    its input, and megatron-core's checkpoint refuses the profiler's per-block ``backward(inputs=...)``. Turning the
+    user's checkpointing off here would need each framework's switch (megatron fixes selective recomputation when it
+    makes the layers; a plain torch.utils.checkpoint call has none), so the user builds the module without it: one
+    changed line in their function, as the example builders' twins without ``_recompute`` are."""
+    if how is not None:
+        raise TorchModelError(
+            f"--torch-model {spec}: the module recomputes its blocks in backward ({how}); distsim times blocks "
+            "without recomputation and adds it when simulating: build the module without checkpointing to profile "
+            "it, then simulate with --recompute full"
+        )
 
 
 def _layers(module: nn.Module, batch: Any, rec: Recording, units: list[str], mbs: int) -> tuple[list[LayerInfo], int]:
@@ -264,20 +290,21 @@ class _Positions:
 
 def _parameter_use(module: nn.Module, rec: Recording, units: list[str], where: _Positions) -> tuple[
         dict[int, dict[int, nn.Parameter]], dict[int, int], dict[int, list[str]], int]:  # fmt: skip
-    """Per position the parameters its modules use (by id) and the paths of its modules with parameters outside
-    the blocks; per parameter the first position using it; and the parameters no called module owns (counted at
-    the first position, as the rank holding it would store them)."""
+    """Per position the parameters it uses (by id: each once) and the paths of its modules using parameters outside
+    the blocks; per parameter the first position using it; and the parameters no call used (counted at the first
+    position, as the rank holding it would store them). A call uses its module's own parameters and those it
+    receives as arguments (megatron-core's output layer given the word embedding's weight)."""
     used: dict[int, dict[int, nn.Parameter]] = {k: {} for k in where.all}
     paths: dict[int, list[str]] = {k: [] for k in where.all}
     first_use: dict[int, int] = {}
-    for path, call in sorted(rec.calls.items(), key=lambda kv: kv[1].enter):
-        k = where(call.enter)
-        own = list(module.get_submodule(path).parameters(recurse=False))
-        if own and not _inside(path, units):
+    uses = [(call.enter, path, p) for path, call in rec.calls.items()
+            for p in module.get_submodule(path).parameters(recurse=False)]  # fmt: skip
+    for seq, path, p in sorted(uses + rec.param_args, key=lambda x: x[0]):
+        k = where(seq)
+        used[k][id(p)] = p
+        first_use.setdefault(id(p), k)
+        if not _inside(path, units) and path not in paths[k]:
             paths[k].append(path)
-        for p in own:
-            used[k][id(p)] = p
-            first_use.setdefault(id(p), k)
     unused = 0
     for p in module.parameters():
         if id(p) not in first_use:

@@ -6,6 +6,12 @@ the same parameter shapes (GPT-2's ``transformer.h.0 .. h.23``), the group holdi
 shallower on a tie), taken if the pass calls each once, one after another, with no module holding parameters called
 between them. Failing that, the children of the module's body (the outermost module with more than one child) when
 they pass the same test; failing that, none (the whole module is one layer).
+
+Parameters a module call receives as arguments are recorded with the call: megatron-core's output layer gets the
+word embedding's weight as ``weight=`` (a tied LM head) and owns no weight itself, so the modules' own parameters
+alone would miss the tie. A module that recomputes its blocks (activation checkpointing) is recognised, by its
+framework's settings before the pass (:func:`checkpointing`) or by what the pass shows (``Recording.checkpointed``):
+its blocks' backward would be timed with their recomputation in it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from distsim.profiler.torch_user import TorchModelError, call_module, first_line, loss_of, snapshot
+from distsim.profiler.torch_user import TorchModelError, call_module, first_line, loss_of, snapshot, tensors_in
 
 
 def signature(module: nn.Module) -> tuple[Any, ...]:
@@ -55,6 +61,36 @@ def body_children(root: nn.Module) -> list[str]:
         path = f"{path}.{name}" if path else name
 
 
+def checkpointing(root: nn.Module) -> str | None:
+    """How the module is set to recompute its blocks in backward, by the frameworks' own settings, or None: a
+    Hugging Face layer's ``gradient_checkpointing`` flag (what ``activation_checkpointing_enable()``, formerly
+    ``gradient_checkpointing_enable()``, sets and ``is_activation_checkpointing`` reads), a megatron-core config's
+    ``recompute_granularity`` (full or selective; found on any module holding the config, GPTModel or its
+    TransformerBlock). Read before the forward pass: megatron's checkpoint fails only in backward, and its selective
+    recomputation is fixed when the layers are made."""
+    flagged = [path for path, m in root.named_modules() if _attribute(m, "gradient_checkpointing") is True]
+    flagged = [p for p in flagged if not any(q.startswith(f"{p}.") or (not p and q) for q in flagged)]  # the layers
+    if flagged:
+        more = f" and {len(flagged) - 1} more" if len(flagged) > 1 else ""
+        return f"Hugging Face activation checkpointing of {flagged[0] or 'the module'}{more}"
+    for path, m in root.named_modules():
+        config = _attribute(m, "config")
+        granularity = _attribute(config, "recompute_granularity")
+        if isinstance(granularity, str) and granularity:
+            method = _attribute(config, "recompute_method")
+            how = f"recompute_granularity={granularity!r}" + (f", recompute_method={method!r}" if method else "")
+            return f"megatron-core {how} in {path + '.' if path else ''}config"
+    return None
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)`` that a property raising something else than AttributeError does not break."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 @dataclass
 class Call:
     """What one traced forward pass saw a module do."""
@@ -76,6 +112,11 @@ class Recording:
     calls: dict[str, Call] = field(default_factory=dict)
     saved: list[tuple[int, int, int]] = field(default_factory=list)
     """(sequence number, storage address, bytes) of every tensor autograd saved for backward."""
+    param_args: list[tuple[int, str, nn.Parameter]] = field(default_factory=list)
+    """(sequence number of the call, module path, parameter) of every parameter a module call received as an
+    argument."""
+    checkpointed: str | None = None
+    """How the pass showed checkpointing (recomputation in backward), when it did."""
     seq: int = 0
     output: Any = None
     loss: Tensor | None = None
@@ -86,10 +127,11 @@ class Recording:
 
 
 def record(module: nn.Module, batch: Any, watch: set[str]) -> Recording:
-    """Run forward and loss once, recording every module call (arguments and output of the `watch` ones) and the
-    tensors saved for backward."""
+    """Run forward and loss once, recording every module call (arguments and output of the `watch` ones), the
+    parameters calls receive as arguments, the tensors saved for backward and signs of checkpointing."""
     rec = Recording()
     handles = []
+    params = {id(p): p for p in module.parameters()}
 
     def storage(t: Tensor) -> tuple[int, int]:
         try:
@@ -108,10 +150,12 @@ def record(module: nn.Module, batch: Any, watch: set[str]) -> Recording:
             call = rec.calls.get(path)
             if call is not None:
                 call.calls += 1
+                _note_call(rec, path, (args, kwargs), params, pack, None)
                 return
             call = rec.calls[path] = Call(rec.tick())
             if path in watch:
                 call.args, call.kwargs = snapshot(args), snapshot(kwargs)
+            _note_call(rec, path, (args, kwargs), params, pack, call.enter)
 
         def post_hook(mod: nn.Module, args: Any, kwargs: Any, output: Any, path: str = path) -> None:
             call = rec.calls[path]
@@ -133,7 +177,44 @@ def record(module: nn.Module, batch: Any, watch: set[str]) -> Recording:
     finally:
         for h in handles:
             h.remove()
+    rec.checkpointed = rec.checkpointed or _checkpoint_node(rec.loss)
     return rec
+
+
+def _note_call(rec: Recording, path: str, arguments: Any, params: dict[int, nn.Parameter], pack: Any,
+               seq: int | None) -> None:  # fmt: skip
+    """The parameters among a call's arguments (a parameter or a view of one: a tied weight handed to the module
+    that uses it), at `seq` or, for a repeated call, at a new sequence number; and whether the call runs inside
+    torch.utils.checkpoint without reentry, whose saved-tensor hooks then stand above the recording's own (`pack`)."""
+    passed = []
+    for t in tensors_in(arguments):
+        key = id(t) if id(t) in params else id(t._base) if t._base is not None else None
+        if key in params:
+            passed.append(params[key])  # type: ignore[index]
+    if passed:
+        at = seq if seq is not None else rec.tick()
+        rec.param_args += [(at, path, p) for p in passed]
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)  # private: skipped should it go
+    if rec.checkpointed is None and top is not None:
+        hooks = top(False)
+        if hooks and hooks[0] is not pack and getattr(hooks[0], "__module__", "") == "torch.utils.checkpoint":
+            rec.checkpointed = f"torch.utils.checkpoint of {path or 'the module'}"
+
+
+def _checkpoint_node(loss: Tensor | None) -> str | None:
+    """A checkpoint's backward in the loss's autograd graph (torch.utils.checkpoint with reentry, megatron-core's
+    tensor_parallel.checkpoint: ``CheckpointFunctionBackward``), named; None without one."""
+    seen: set[Any] = set()
+    stack = [loss.grad_fn] if loss is not None else []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "Checkpoint" in node.name():
+            return f"a checkpoint's {node.name()} in its autograd graph"
+        stack.extend(n for n, _ in node.next_functions)
+    return None
 
 
 def choose_units(
