@@ -15,6 +15,9 @@ and the blocks' backward spans come from two hooks placed in the forward pass, b
 
 A block with no input that needs a gradient (an embedding reading token ids, a CNN's first layer reading images)
 has no tap: it ends at the next hook that fires in the call, or at the call's end (it is the last on its stream).
+Neither has a block whose only such input is the output of the block just before it and of no other (a chain's
+blocks): that block's start hook fires when the gradient of its output, the chained block's input, is complete,
+which is the chained block's end.
 Each hook takes a mark of the rank's clock (:mod:`distsim.executor.clock`) on the stream autograd runs the node on
 (the one the forward ran on) and the host's time: the host's span between a block's hooks is its ``launch`` row.
 With full recomputation (:mod:`distsim.executor.recompute`) the hooks of the recomputed forward fire inside the
@@ -90,13 +93,19 @@ class BackwardTimer:
         self._last: Mark | None = None
 
     # ------------------------------------------------------------------------------------------- forward side
-    def watch(self, key: BlockKey, inputs: Sequence[Any], run: Callable[[list[Any]], Any]) -> Any:
+    def watch(
+        self, key: BlockKey, inputs: Sequence[Any], run: Callable[[list[Any]], Any], chained: bool = False
+    ) -> Any:
         """Run a block (`run` on its inputs) with its hooks: inputs that need a gradient through a tap, a hook on
-        its output. Without autograd (a checkpointed layer's first forward) it is a plain call."""
+        its output. Without autograd (a checkpointed layer's first forward) it is a plain call.
+
+        `chained`: the block's only input needing a gradient is the output of the block watched just before it, which
+        nothing else consumes: that block's start hook then fires exactly when this one's backward ends, so the tap
+        (an autograd function call, the dearest part of the hooks) is left out and the block ends at the next hook."""
         if not torch.is_grad_enabled():
             return run(list(inputs))
         t0 = time.perf_counter()
-        grads = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+        grads = [] if chained else [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
         args = list(inputs)
         if grads:
             tapped = _Tap.apply(lambda: self._end(key), *(args[i] for i in grads))

@@ -105,6 +105,7 @@ class BurstRuntime(Runtime):
         self.recorder = Recorder(self.clock)
         self.hooks = BackwardTimer(self.recorder, lambda _li, _bi: None)  # a layer's sync follows its backward call
         self.recomputed: frozenset[int] = frozenset()
+        self.chained: frozenset[int] = frozenset()  # each edge's input is a leaf of its own: every block tapped
         self.layers = [v for v, d in enumerate(self.layouts) if rank in d]
         self.tied = tied_copies(model, plan)
         copied = {li for pair in self.tied for li in pair}

@@ -129,6 +129,9 @@ class Runtime:
         self.optimizer: _Adam | Zero1 = self.zero or _Adam(self.params, lr)
         self.recomputed = rank_recomputed(model, strategy, stage_ranges, self.pipe_rank)
         """This rank's layers whose forward runs again before their backward (:mod:`distsim.executor.recompute`)."""
+        self.chained = self._chained_layers()
+        """Layers whose first block reads only the previous layer's output, which nothing else reads: timed without
+        a tap (:meth:`distsim.executor.backward.BackwardTimer.watch`)."""
         self.ready: dict[int, list[GradBucket]] = {}
         """Buckets issued right after a layer's backward in its last micro-batch, by that layer."""
         for b in self.buckets:
@@ -207,6 +210,21 @@ class Runtime:
                 raise AssertionError(f"gradient bucket {bucket} is not one slice of the gradient buffer")
             out[bucket] = GradBucket(bucket, slice(spans[0][0], spans[-1][1]), names[bucket])
         return list(out.values()), [out[b] for b in lowered.gathers]
+
+    def _chained_layers(self) -> frozenset[int]:
+        """Layers li whose only input is layer li - 1's output, read by no other layer, on the same (virtual) stage,
+        where li - 1 runs with hooks (not recomputed: its checkpoint's output carries none) and ends in an output."""
+        readers = [0] * self.model.num_layers
+        for li in range(self.model.num_layers):
+            for s in self._sources(li):
+                readers[self.model.index[s]] += 1
+        starts = {start for start, _end in self.stage_ranges}
+        return frozenset(
+            li for li in self.layers
+            if li > 0 and li not in starts and self._sources(li) == (self.model.layers[li - 1].name,)
+            and readers[li - 1] == 1 and li - 1 not in self.recomputed
+            and self.model.layers[li - 1].blocks[-1].op != "lm_head"
+        )  # fmt: skip
 
     def _sources(self, li: int) -> tuple[str, ...]:
         layer = self.model.layers[li]
@@ -349,7 +367,10 @@ class Runtime:
                 with self.recorder.block(kind, name, li, vs, mb):
                     return module(*inputs)
 
-            x = self.hooks.watch((("compute", "backward", name, li, vs, mb), bi), args, run)
+            # a chained block's only input needing a gradient is the previous block's output (see BackwardTimer.watch)
+            chained = (li in self.chained and kind == "forward") if bi == 0 else not any(
+                isinstance(a, Tensor) and a.requires_grad and a is not x for a in args)  # fmt: skip
+            x = self.hooks.watch((("compute", "backward", name, li, vs, mb), bi), args, run, chained)
             if block.op == "lm_head" and kind == "forward":
                 self.loss_values.append(x.detach())  # read after the iteration: no host wait here
         assert x is not None
