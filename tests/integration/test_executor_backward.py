@@ -57,6 +57,33 @@ def test_a_chain_of_blocks_is_timed_inside_one_backward_call() -> None:
     assert set(hooks.overhead.per_block_us()) == {"forward", "backward"}
 
 
+def test_a_chained_block_without_a_tap_ends_where_the_block_before_it_starts() -> None:
+    rec = Recorder()
+    rec.begin(0)
+    ended: list[tuple[int, int]] = []
+    hooks = BackwardTimer(rec, lambda li, bi: ended.append((li, bi)))
+    fc1, fc2, fc3 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    x = torch.randn(2, 4, requires_grad=True)  # a received activation: tapped
+    y = hooks.watch(_key("fc1", 0), [x], lambda a: fc1(*a))
+    y = hooks.watch(_key("fc2", 1), [y], lambda a: fc2(*a), chained=True)
+    loss = hooks.watch(_key("fc3", 2), [y], lambda a: fc3(*a).sum(), chained=True)
+    with hooks.call():
+        torch.autograd.backward(loss)
+    rows = _rows(rec)
+    assert [r[0] for r in rows] == ["fc3", "fc2", "fc1"]
+    assert [b[2] for b in rows[1:]] == [a[3] for a in rows[:-1]]  # each ends at the next one's start mark
+    assert ended == [(2, 0), (1, 0), (0, 0)] and x.grad is not None
+    assert hooks.overhead.blocks == {"forward": 3, "backward": 3}
+
+
+def test_the_runtime_chains_a_transformers_blocks() -> None:
+    runtime = _runtime()
+    # every layer after the embedding reads only the one before it (the embedding, first, reads token ids)
+    assert runtime.chained == frozenset(range(1, runtime.model.num_layers))
+    # with full recomputation only the first transformer layer: a recomputed layer's output carries no hook
+    assert _runtime("full").chained == frozenset({1})
+
+
 def test_a_tensor_with_two_consumers_starts_its_producer_after_both() -> None:
     rec = Recorder()
     rec.begin(0)
