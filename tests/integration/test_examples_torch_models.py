@@ -90,45 +90,82 @@ def test_hugging_face_recompute_toys_checkpoint_every_layer(file: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ megatron-core
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow
-def test_megatron_toy_profiles_its_decoder_layers(tmp_path: Path) -> None:
-    need_megatron()
-    out = tmp_path / "toy.json"
-    done = run("-W", "ignore", "-m", "distsim", "profile", "--torch-model", spec("megatron_gpt.py", "toy"), "--out",
-               str(out), *FAST)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert_blocks(done.stderr, out, "TransformerLayer", "gpt.decoder.layers.0..1")
-
-
-# One process: both toys take a training step of the plain loop (its command line), and the recompute one is refused
-# by distsim's tracer (a profile times blocks without recomputation; simulate --recompute full adds it).
-MEGATRON_STEPS = """
-import json, sys
+# One process for every megatron-core check (importing it takes seconds): both toys take a training step of the plain
+# loop (its command line); the tracer ties the output layer, which gets the word embedding as an argument, to the
+# embedding; `distsim profile` finds the decoder layers of the toy and refuses its recompute twin in one line (a
+# profile times blocks without recomputation; simulate --recompute full adds it).
+MEGATRON = """
+import contextlib, io, json, sys
 sys.path.insert(0, sys.argv[1])
-from train_loop import main
+import torch.distributed as dist
+from train_loop import main as loop
+from distsim.cli import main as cli
+from distsim.core.models import model_from_dict
 from distsim.profiler.torch_model import trace
-from distsim.profiler.torch_user import TorchModelError
-for function in ("toy", "toy_recompute"):
-    main([f"{sys.argv[2]}:{function}", "--micro-batches", "2", "--steps", "1", "--warmup", "0"])
-try:
-    trace(f"{sys.argv[2]}:toy_recompute", "cpu")
-    refused = ""
-except TorchModelError as exc:
-    refused = str(exc)
-print(json.dumps({"refused": refused}))
+toy, twin, out = sys.argv[2] + ":toy", sys.argv[2] + ":toy_recompute", sys.argv[3]
+found = {}
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    for spec in (toy, twin):
+        loop([spec, "--micro-batches", "2", "--steps", "1", "--warmup", "0"])
+found["loops"] = [json.loads(line) for line in printed.getvalue().splitlines() if line.startswith("{")]
+traced = trace(toy, "cpu")
+found["layers"] = [{"name": x.name, "params": x.params, "tied_to": x.tied_to, "tied_params": x.tied_params,
+                    "modules": x.modules} for x in traced.layers]
+found["total"] = sum(p.numel() for p in traced.module.parameters())
+found["model"] = model_from_dict(traced.model_dict(), where="test").params
+for name, spec, target in (("profile", toy, out), ("refusal", twin, out + ".twin.json")):
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        try:
+            cli(["profile", "--torch-model", spec, "--out", target, *sys.argv[4:]])
+        except SystemExit as exc:
+            found[name] = {"code": exc.code or 0, "stderr": said.getvalue()}
+print(json.dumps(found))
+dist.destroy_process_group()  # the builder's gloo group: left alive, its threads abort the exiting interpreter
 """
 
 
-@pytest.mark.slow
-def test_megatron_toys_train_one_step_with_and_without_recompute() -> None:
+@pytest.fixture(scope="module")
+def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict:
     need_megatron()
-    done = run("-W", "ignore", "-c", MEGATRON_STEPS, str(EXAMPLES), str(EXAMPLES / "megatron_gpt.py"))
+    out = tmp_path_factory.mktemp("megatron") / "toy.json"
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", MEGATRON, str(EXAMPLES),
+                           str(EXAMPLES / "megatron_gpt.py"), str(out), *FAST], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    *loops, traced = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "out": out}
+
+
+@pytest.mark.slow
+def test_megatron_toys_train_one_step_with_and_without_recompute(megatron: dict) -> None:
+    loops = megatron["loops"]
     assert [x["spec"].rsplit(":", 1)[1] for x in loops] == ["toy", "toy_recompute"]
     assert all(x["device"] == "cpu" and x["dtype"] == "float32" and math.isfinite(x["median_step_s"]) for x in loops)
-    assert "recompute_granularity='full', recompute_method='uniform'" in traced["refused"]
+
+
+@pytest.mark.slow
+def test_megatron_toy_profiles_its_decoder_layers(megatron: dict) -> None:
+    assert megatron["profile"]["code"] == 0, megatron["profile"]["stderr"][-3000:]
+    assert_blocks(megatron["profile"]["stderr"], megatron["out"], "TransformerLayer", "gpt.decoder.layers.0..1")
+
+
+@pytest.mark.slow
+def test_megatron_output_layer_is_tied_to_the_word_embedding(megatron: dict) -> None:
+    pre, post = megatron["layers"][0], megatron["layers"][-1]
+    vocab, width, seq = 256, 64, 32
+    assert pre["params"] == vocab * width + seq * width and pre["tied_to"] is None
+    assert (post["tied_to"], post["tied_params"], post["params"]) == ("pre", vocab * width, 2 * width + vocab * width)
+    assert post["modules"] == ["gpt.decoder.final_layernorm", "gpt.output_layer"]
+    assert megatron["model"] == megatron["total"]  # the shared weight counted once
+
+
+@pytest.mark.slow
+def test_megatron_recomputation_is_refused_in_one_line(megatron: dict) -> None:
+    refusal = megatron["refusal"]
+    lines = [line for line in refusal["stderr"].strip().splitlines() if line.startswith("distsim")]
+    assert refusal["code"] == 2 and len(lines) == 1, refusal["stderr"][-3000:]
+    assert "Traceback" not in refusal["stderr"] and "not compatible with .grad()" not in refusal["stderr"]
+    how = "megatron-core recompute_granularity='full', recompute_method='uniform' in gpt.config"
+    assert f"the module recomputes its blocks in backward ({how})" in lines[0]
+    assert "--recompute full" in lines[0] and not Path(str(megatron["out"]) + ".twin.json").exists()

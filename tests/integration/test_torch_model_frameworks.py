@@ -1,15 +1,11 @@
 """What real frameworks' modules do that `distsim profile --torch-model` must see: a tied weight handed to a module
 as an argument (megatron-core's output layer gets the word embedding's weight as ``weight=``), and blocks that
 recompute in backward (activation checkpointing), which the profile refuses in one line. Plain torch modules here
-stand in for any framework; the shipped example builders (examples/torch_models/) are the real ones, megatron-core's
-in subprocesses (building one initialises torch.distributed, which must not leak into the test session)."""
+stand in for any framework; the shipped example builders (examples/torch_models/) are the real ones (megatron-core's
+are checked in tests/integration/test_examples_torch_models.py, in one subprocess)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +65,6 @@ class TiedLM(nn.Module):
 
 def spec(file: str, function: str) -> str:
     return f"{EXAMPLES / file}:{function}"
-
-
-def need_megatron() -> None:
-    """Skip without megatron-core (found without importing it: the import alone takes seconds)."""
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        pytest.skip("megatron-core is not installed (pip install megatron-core)")
 
 
 def _ids() -> Any:
@@ -156,50 +146,4 @@ def test_hugging_face_checkpointing_is_refused_in_one_line(
     assert "build the module without checkpointing" in err and "--recompute full" in err and not out.exists()
 
 
-# ------------------------------------------------------------------------------------------------ megatron-core
-def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-W", "ignore", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-
-
-MEGATRON_TIE = """
-import json, sys
-import torch.distributed as dist
-from distsim.core.models import model_from_dict
-from distsim.profiler.torch_model import trace
-traced = trace(sys.argv[1], "cpu")
-layers = [{"name": x.name, "params": x.params, "tied_to": x.tied_to, "tied_params": x.tied_params,
-           "modules": x.modules} for x in traced.layers]
-total = sum(p.numel() for p in traced.module.parameters())
-print(json.dumps({"layers": layers, "model": model_from_dict(traced.model_dict(), where="test").params,
-                  "total": total}))
-dist.destroy_process_group()  # the builder's gloo group: left alive, its threads abort the exiting interpreter
-"""
-
-
-@pytest.mark.slow
-def test_megatron_output_layer_is_tied_to_the_word_embedding() -> None:
-    need_megatron()
-    done = _python("-c", MEGATRON_TIE, spec("megatron_gpt.py", "toy"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    pre, post = found["layers"][0], found["layers"][-1]
-    vocab, width, seq = 256, 64, 32
-    assert pre["params"] == vocab * width + seq * width and pre["tied_to"] is None
-    assert (post["tied_to"], post["tied_params"], post["params"]) == ("pre", vocab * width, 2 * width + vocab * width)
-    assert post["modules"] == ["gpt.decoder.final_layernorm", "gpt.output_layer"]
-    assert found["model"] == found["total"]  # the shared weight counted once
-
-
-@pytest.mark.slow
-def test_megatron_recomputation_is_refused_in_one_line(tmp_path: Path) -> None:
-    need_megatron()
-    out = tmp_path / "p.json"
-    done = _python("-m", "distsim", "profile", "--torch-model", spec("megatron_gpt.py", "toy_recompute"), "--out",
-                   str(out))  # fmt: skip
-    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("distsim")]
-    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and "not compatible with .grad()" not in done.stderr
-    how = "megatron-core recompute_granularity='full', recompute_method='uniform' in gpt.config"
-    assert f"{REFUSAL} ({how})" in lines[0]
-    assert "--recompute full" in lines[0] and not out.exists()
+# megatron-core's own tie and refusal: with the shipped example (tests/integration/test_examples_torch_models.py)
