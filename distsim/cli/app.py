@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -10,7 +11,35 @@ from distsim.core.errors import DistsimError
 from distsim.io.output import silence_stdout, standard_output
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyGroup(click.Group):
+    """A command group whose commands live in modules imported only when a command is asked for (`lazy`: command
+    name -> module, which registers the command on this group when imported): ``distsim simulate`` loads the
+    simulator, not the profiler, the executor or the search drivers, and ``import distsim.cli`` loads none."""
+
+    def __init__(self, *args: object, lazy: dict[str, str] | None = None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            importlib.import_module(self.lazy[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+
+COMMANDS = {
+    "simulate": "distsim.cli.simulate", "models": "distsim.cli.info", "clusters": "distsim.cli.info",
+    "frameworks": "distsim.cli.info", "schedule": "distsim.cli.info", "profile": "distsim.cli.profile",
+    "execute": "distsim.cli.execute", "validate": "distsim.cli.validate", "search": "distsim.cli.search",
+    "cluster-sim": "distsim.cli.cluster_sim",
+}  # fmt: skip
+"""Each top-level command's module (see :class:`LazyGroup`)."""
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})  # fmt: skip
 @click.version_option(package_name="distsim")
 def cli() -> None:
     """Predict hybrid-parallel training (tensor x pipeline x data) before renting the cluster.

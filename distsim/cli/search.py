@@ -1,8 +1,8 @@
 """``distsim search``: the group of search drivers, and the options and helpers they share.
 
 Each driver's command lives in its own module (``search_grid``, ``search_dapple``, ``search_deeppool``,
-``search_merge``, ``search_elastic``) and registers on :data:`search` when :mod:`distsim.cli` imports it; this
-module imports none of them (they import it).
+``search_merge``, ``search_elastic``) and registers on :data:`search` when its command is asked for
+(:data:`SEARCH_DRIVERS`); this module imports none of them (they import it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from distsim.cli.app import cli
+from distsim.cli.app import LazyGroup, cli
 from distsim.cli.common import framework_option, load_model_and_cluster, parse_int_list
 from distsim.cli.options import CostOptions, ModelOptions
 from distsim.core.errors import DistsimError
@@ -79,7 +79,14 @@ def shared_options(f: Any) -> Any:
     return f
 
 
-@cli.group()
+SEARCH_DRIVERS = {
+    "grid": "distsim.cli.search_grid", "dapple": "distsim.cli.search_dapple", "deeppool": "distsim.cli.search_deeppool",
+    "merge": "distsim.cli.search_merge", "elastic": "distsim.cli.search_elastic",
+}  # fmt: skip
+"""Each driver's module, imported when its command is asked for (:class:`~distsim.cli.app.LazyGroup`)."""
+
+
+@cli.group(cls=LazyGroup, lazy=SEARCH_DRIVERS)
 def search() -> None:
     """Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, MG-WFBP's
     gradient merging, or EasyScale's placement of elastic workers on heterogeneous GPUs.

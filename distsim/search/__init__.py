@@ -12,11 +12,27 @@
 
 from __future__ import annotations
 
-from distsim.search.dapple import Candidate, Checked, DappleResult, DappleSpec, check_with_simulator, plan_dapple
-from distsim.search.deeppool import DeepPoolResult, plan_deeppool
-from distsim.search.grid import GridPoint, GridResult, GridSpec, grid_search
-from distsim.search.merge import SyncComparison, WorkerSweep, compare_sync, sweep_workers
-from distsim.search.space import enumerate_strategies
+from typing import TYPE_CHECKING
+
+from distsim.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from distsim.search.dapple import Candidate, Checked, DappleResult, DappleSpec, check_with_simulator, plan_dapple
+    from distsim.search.deeppool import DeepPoolResult, plan_deeppool
+    from distsim.search.grid import GridPoint, GridResult, GridSpec, grid_search
+    from distsim.search.merge import SyncComparison, WorkerSweep, compare_sync, sweep_workers
+    from distsim.search.space import enumerate_strategies
+
+_PUBLIC = {
+    **dict.fromkeys(("Candidate", "Checked", "DappleResult", "DappleSpec", "check_with_simulator", "plan_dapple"),
+                    "distsim.search.dapple"),
+    **dict.fromkeys(("DeepPoolResult", "plan_deeppool"), "distsim.search.deeppool"),
+    **dict.fromkeys(("GridPoint", "GridResult", "GridSpec", "grid_search"), "distsim.search.grid"),
+    **dict.fromkeys(("SyncComparison", "WorkerSweep", "compare_sync", "sweep_workers"), "distsim.search.merge"),
+    "enumerate_strategies": "distsim.search.space",
+}  # fmt: skip
+"""Each driver loads when first used (:mod:`distsim.lazy`): the grid's pandas only for a grid search."""
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())
 
 __all__ = [
     "Candidate",

@@ -17,10 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ("gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s")
 STREAM_ORDER = ("host", "compute", "tp", "p2p", "dp", "gather", "link:intra", "link:inter")
@@ -77,6 +79,8 @@ class Timeline:
             block["gpu"] = gpu
             block["node"] = gpu // self.gpus_per_node
             parts.append(block)
+        import pandas as pd  # here, when rows are asked for: an import of a tenth of a second
+
         out = pd.concat(parts, ignore_index=True)
         out = out.sort_values(["gpu", "start_s", "end_s"], kind="stable").reset_index(drop=True)
         return Timeline(out, self.gpus_per_node)
@@ -112,6 +116,8 @@ def slot_rows(flow: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
     """Timeline rows of an executed event flow: one row per (gpu, stream) slot of every task."""
+    import pandas as pd  # here, when rows are asked for: an import of a tenth of a second
+
     from distsim.sim.flow.events import KINDS, STREAMS
 
     idx, gpu, stream = slot_rows(flow)

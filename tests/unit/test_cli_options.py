@@ -45,7 +45,8 @@ ARGS: dict[tuple[str, ...], type[CommandArgs]] = {
 def command(path: tuple[str, ...]) -> click.Command:
     cmd: Any = cli
     for name in path:
-        cmd = cmd.commands[name]
+        with click.Context(cmd) as ctx:
+            cmd = cmd.get_command(ctx, name)
     return cmd
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Literal
-
-import networkx as nx
+from typing import TYPE_CHECKING, Literal
 
 from distsim.core.errors import ModelFileError
 from distsim.core.models.ops import Op, op_totals
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 TPSplit = Literal["shard", "replicate", "none"]
 
@@ -336,7 +337,10 @@ class Model:
 
     @cached_property
     def graph(self) -> nx.DiGraph:
-        """The layer DAG (nodes are layer indices with a ``name`` attribute)."""
+        """The layer DAG (nodes are layer indices with a ``name`` attribute), as a networkx graph (imported here,
+        when a graph is asked for: it takes a tenth of a second)."""
+        import networkx as nx
+
         g = nx.DiGraph()
         for i, layer in enumerate(self.layers):
             g.add_node(i, name=layer.name)

@@ -1,0 +1,52 @@
+"""The package and its command line start without the heavy libraries: ``import distsim.cli`` and the public API's
+names load no pandas, networkx, matplotlib, numpy or torch until a command or a name needs them (issue 24: a fast
+start). Checked in a fresh interpreter by what it imported, never by how long it took."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("pandas", "networkx", "matplotlib", "numpy", "torch", "simpy")
+
+
+def imported_after(code: str) -> list[str]:
+    """The heavy libraries a fresh interpreter has imported after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_line_imports_nothing_heavy() -> None:
+    assert imported_after("import distsim.cli") == []
+
+
+def test_the_package_loads_a_name_when_it_is_used() -> None:
+    assert imported_after("import distsim") == []
+    assert imported_after("import distsim.search") == []
+    # a strategy is pure Python; a grid search needs pandas for its table
+    assert "pandas" not in imported_after("from distsim import Strategy; Strategy.from_str('2M4P2D')")
+    assert "pandas" in imported_after("from distsim.search import grid_search")
+
+
+def test_lazy_names_are_the_public_api() -> None:
+    import distsim
+    import distsim.search
+
+    for package in (distsim, distsim.search):
+        assert sorted(package.__all__) == sorted(package._PUBLIC)
+        for name in package.__all__:
+            assert getattr(package, name) is not None
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = distsim.nothing  # type: ignore[attr-defined]
+
+
+def test_a_model_graph_imports_networkx_only_when_asked_for() -> None:
+    code = "from distsim.core.models import get_model\nm = get_model('gpt2-345m')\nm.num_layers"
+    assert "networkx" not in imported_after(code)
+    assert "networkx" in imported_after(code + "\nm.graph")
