@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distsim.lazy import lazy_exports
+from distsim.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from distsim.core.cluster import Cluster, get_cluster

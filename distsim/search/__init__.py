@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distsim.lazy import lazy_exports
+from distsim.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from distsim.search.dapple import Candidate, Checked, DappleResult, DappleSpec, check_with_simulator, plan_dapple
@@ -31,7 +31,7 @@ _PUBLIC = {
     **dict.fromkeys(("SyncComparison", "WorkerSweep", "compare_sync", "sweep_workers"), "distsim.search.merge"),
     "enumerate_strategies": "distsim.search.space",
 }  # fmt: skip
-"""Each driver loads when first used (:mod:`distsim.lazy`): the grid's pandas only for a grid search."""
+"""Each driver loads when first used (:mod:`distsim.core.lazy`): the grid's pandas only for a grid search."""
 __getattr__, __dir__ = lazy_exports(__name__, _PUBLIC, globals())
 
 __all__ = [
