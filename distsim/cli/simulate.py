@@ -363,9 +363,10 @@ def _run(model: Any, cluster: Any, target: Any, costs: Any, options: Any, simula
 
     samples, max_tasks = simulation.samples, simulation.max_tasks
     try:
-        progress = _announce(estimate_size(model, cluster, target, costs, options, samples), max_tasks)
+        size = estimate_size(model, cluster, target, costs, options, samples)
+        progress = _announce(size, max_tasks)
         return run_simulation(model, cluster, target, costs, options, samples=samples, seed=simulation.seed,
-                              max_tasks=max_tasks, progress=progress)  # fmt: skip
+                              max_tasks=max_tasks, progress=progress, estimate=size)  # fmt: skip
     except DistsimError as exc:
         if plan_path is None:
             raise
@@ -521,10 +522,9 @@ def _summary(r: Any, framework: Any = None) -> str:
         lines.append("  layers per stage   " + ":".join(str(e - b) for b, e in r.flow.stage_ranges))
     lines.append("")
     lines.append("  per GPU                compute    exposed comm   idle")
-    stats = {g.gpu: g for g in r.per_gpu}
     rows: list[tuple[list[int], int, str]] = []  # consecutive simulated GPUs with equal figures share a row
-    for rep, targets in sorted(r.timeline.represents.items()):
-        g = stats[rep]
+    for rep, targets in sorted(r.flow.represents.items()):  # the timeline's, without building its rows
+        g = r.per_gpu.of_gpu(rep)
         figures = f"{fmt_time(g.compute_s):>10} {fmt_time(g.exposed_comm_s):>14} {fmt_time(g.idle_s):>10}"
         if rows and rows[-1][2] == figures and rows[-1][0][-1] == rep - 1 and len(targets) == 1 == rows[-1][1]:
             rows[-1][0].append(rep)

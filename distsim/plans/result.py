@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Model
@@ -16,8 +15,11 @@ from distsim.plans.plan import Plan
 from distsim.sim import engine, metrics
 from distsim.sim.flow.events import EventFlow, FlowOptions
 from distsim.sim.memory import MemoryEstimate
-from distsim.sim.metrics import GPUStats
+from distsim.sim.metrics import GPUStatsTable
 from distsim.sim.timeline import Timeline, from_flow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -56,7 +58,7 @@ class SimResult:
         return from_flow(self.flow, self.tasks.start_s, self.tasks.end_s)
 
     @cached_property
-    def _stats(self) -> tuple[float, list[GPUStats]]:
+    def _stats(self) -> tuple[float, GPUStatsTable]:
         return metrics.flow_stats(self.flow, self.tasks.start_s, self.tasks.end_s)
 
     @property
@@ -85,9 +87,11 @@ class SimResult:
         return self.throughput_samples_per_s * self.model.seq_len
 
     @property
-    def per_gpu(self) -> list[GPUStats]:
+    def per_gpu(self) -> GPUStatsTable:
         """Busy compute, communication, exposed communication and idle seconds of every GPU (from the flow's arrays:
-        :func:`distsim.sim.metrics.flow_stats`, equal to :func:`distsim.sim.metrics.gpu_stats` of the timeline)."""
+        :func:`distsim.sim.metrics.flow_stats`, equal to :func:`distsim.sim.metrics.gpu_stats` of the timeline), in
+        GPU order: a sequence of :class:`~distsim.sim.metrics.GPUStats` kept per simulated GPU, so that 131,072
+        GPUs cost no more than the 16 simulated ones until each is asked for."""
         return self._stats[1]
 
     @property
@@ -118,6 +122,8 @@ class SimResult:
 
     def cost_table(self) -> pd.DataFrame:
         """Every distinct event: key, kind, seconds and source (given, measured, fitted, scaled, analytic)."""
+        import pandas as pd  # here, when a table is asked for: importing pandas takes a tenth of a second
+
         f = self.flow
         return pd.DataFrame(
             {
@@ -176,5 +182,5 @@ class SimResult:
             "iteration_time_p90_s": float(np.percentile(self.sampled_iteration_s, 90))
             if self.sampled_iteration_s
             else None,
-            "per_gpu": [g.to_dict() for g in self.per_gpu],
+            "per_gpu": self.per_gpu.to_dicts(),
         }

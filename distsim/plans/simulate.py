@@ -59,12 +59,12 @@ def _resolve(
     model: Model, cluster: Cluster, target: Strategy | Plan, options: FlowOptions, samples: int
 ) -> tuple[FlowOptions, Plan]:
     """The plan to simulate (a strategy is a uniform plan) and its options: stochastic runs, and plans of a kind
-    other than uniform, simulate every GPU."""
+    that neither is uniform nor simulates symmetric classes of its own (``symmetric_classes``), simulate every GPU."""
     if samples > 0:
         options = replace(options, symmetric=False, exact_host=True)  # sampled durations: every launch constraint
     if isinstance(target, Strategy):
         target = plan_from_strategy(target, model.name, cluster.name)
-    if target.kind != "uniform":
+    if target.kind != "uniform" and not getattr(PLAN_KINDS[target.kind], "symmetric_classes", False):
         options = replace(options, symmetric=False)
     return options, target
 
@@ -95,6 +95,7 @@ def simulate(
     seed: int = 0,
     max_tasks: int | None = DEFAULT_MAX_TASKS,
     progress: Callable[[int, int], None] | None = None,
+    estimate: tuple[int, int] | None = None,
 ) -> SimResult:
     """Predict one training iteration of `model` on `cluster` under `strategy` (or a :class:`~distsim.plans.plan.Plan`,
     whose stages may differ in layers and replicas).
@@ -108,13 +109,17 @@ def simulate(
     (Jensen's inequality on max); the deterministic mode computes the latter.
 
     Before building anything, the tasks the simulation would run (see :func:`estimate_size`) are checked against
-    `max_tasks` (None: no limit); beyond it :class:`SimulationTooLarge` says by how much. `progress`, if given, is
-    called as ``progress(done, samples)`` after each stochastic run.
+    `max_tasks` (None: no limit); beyond it :class:`SimulationTooLarge` says by how much. A caller that already
+    estimated (the CLI announces a long simulation first) hands :func:`estimate_size`'s answer for these same
+    arguments as `estimate`, which is trusted rather than computed again. `progress`, if given, is called as
+    ``progress(done, samples)`` after each stochastic run.
     """
     t0 = time.perf_counter()
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
-    check_size(*estimate_size(model, cluster, strategy, costs, options, samples), max_tasks)
+    if estimate is None:
+        estimate = estimate_size(model, cluster, strategy, costs, options, samples)
+    check_size(*estimate, max_tasks)
     with engine.paused_gc():  # see there: halves the build of a large flow
         options, plan = _resolve(model, cluster, strategy, options, samples)
         model = rank_view(model, plan.strategy.ep, plan.strategy.cp)  # a rank's experts and tokens (ep, cp)

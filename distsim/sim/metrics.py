@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, overload
 
 import numpy as np
 
@@ -47,12 +48,78 @@ class GPUStats:
         }
 
 
+STAT_FIELDS = ("compute_s", "comm_s", "exposed_comm_s", "idle_s")
+"""The figures of a :class:`GPUStats`, in its order, after its GPU and node."""
+
+
+class GPUStatsTable(Sequence[GPUStats]):
+    """The :class:`GPUStats` of every GPU, in GPU order, kept as arrays: each GPU's class (the simulated GPU that
+    stands for it) and each class's figures. A symmetric simulation of 131,072 GPUs has 16 classes: its figures
+    are summed over columns (:meth:`column`) and its rows built as they are asked for, not one object per GPU.
+    Equal to a list of the same :class:`GPUStats`."""
+
+    def __init__(self, gpu: np.ndarray, of_class: np.ndarray, classes: np.ndarray, gpus_per_node: int):
+        self.gpu, self.of_class, self.classes, self.gpus_per_node = gpu, of_class, classes, gpus_per_node
+
+    def __len__(self) -> int:
+        return len(self.gpu)
+
+    @overload
+    def __getitem__(self, index: int) -> GPUStats: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[GPUStats]: ...
+
+    def __getitem__(self, index: int | slice) -> GPUStats | list[GPUStats]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = range(len(self))[index]  # IndexError past the end (which ends iteration)
+        g = int(self.gpu[i])
+        return GPUStats(g, g // self.gpus_per_node, *self.classes[self.of_class[i]].tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GPUStatsTable({len(self)} GPUs in {len(self.classes)} classes)"
+
+    def column(self, name: str) -> np.ndarray:
+        """One figure (a name of :data:`STAT_FIELDS`) of every GPU, in GPU order."""
+        return self.classes[:, STAT_FIELDS.index(name)][self.of_class]
+
+    def of_gpu(self, gpu: int) -> GPUStats:
+        """The stats of GPU `gpu` (KeyError if the table does not hold it)."""
+        i = int(np.searchsorted(self.gpu, gpu))
+        if i == len(self.gpu) or self.gpu[i] != gpu:
+            raise KeyError(gpu)
+        return self[i]
+
+    def to_dicts(self) -> list[dict[str, float | int]]:
+        """:meth:`GPUStats.to_dict` of every GPU, in GPU order."""
+        gpus = self.gpu.tolist()
+        nodes = (self.gpu // self.gpus_per_node).tolist()
+        figures = zip(*(self.column(name).tolist() for name in STAT_FIELDS), strict=True)
+        return [{"gpu": g, "node": n, "busy_compute_s": c, "comm_s": m, "exposed_comm_s": x, "idle_s": i}
+                for g, n, (c, m, x, i) in zip(gpus, nodes, figures, strict=True)]  # fmt: skip
+
+
+def column(per_gpu: Sequence[GPUStats], name: str) -> list[float]:
+    """One figure of every GPU as a list, in their order (summed as the objects' figures were)."""
+    if isinstance(per_gpu, GPUStatsTable):
+        return per_gpu.column(name).tolist()
+    return [getattr(s, name) for s in per_gpu]
+
+
 @dataclass(frozen=True)
 class Metrics:
     """A run's iteration time and per-GPU stats, and the figures derived from them."""
 
     iteration_time_s: float
-    per_gpu: list[GPUStats]
+    per_gpu: Sequence[GPUStats]
 
     @property
     def bubble_fraction(self) -> float:
@@ -95,12 +162,12 @@ def span(start_s: np.ndarray, end_s: np.ndarray) -> float:
 
 def bubble_fraction(per_gpu: Sequence[GPUStats], iteration_s: float) -> float:
     """The mean idle share of an iteration of `iteration_s` over the GPUs (0 for none or an empty iteration)."""
-    return sum(s.idle_s for s in per_gpu) / (len(per_gpu) * iteration_s) if iteration_s > 0 and per_gpu else 0.0
+    return sum(column(per_gpu, "idle_s")) / (len(per_gpu) * iteration_s) if iteration_s > 0 and per_gpu else 0.0
 
 
 def mean_exposed_comm(per_gpu: Sequence[GPUStats]) -> float:
     """Mean over GPUs of the communication time not hidden behind compute."""
-    return sum(s.exposed_comm_s for s in per_gpu) / len(per_gpu) if per_gpu else 0.0
+    return sum(column(per_gpu, "exposed_comm_s")) / len(per_gpu) if per_gpu else 0.0
 
 
 # ----------------------------------------------------------------------------------------------- of a timeline
@@ -110,7 +177,7 @@ def iteration_time(timeline: Timeline) -> float:
     return timeline.iteration_time_s
 
 
-def gpu_stats(timeline: Timeline) -> list[GPUStats]:
+def gpu_stats(timeline: Timeline) -> GPUStatsTable:
     """Busy compute, communication, exposed communication and idle seconds of every GPU the timeline describes
     (expanded: a simulated GPU's stats stand for every GPU it represents)."""
     df = timeline.df
@@ -144,10 +211,11 @@ def busy_segments(timeline: Timeline) -> dict[int, tuple[np.ndarray, np.ndarray]
 # ------------------------------------------------------------------------------------------------ of row arrays
 def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                   represents: dict[int, tuple[int, ...]], gpus_per_node: int,
-                  on_device: np.ndarray | None = None) -> list[GPUStats]:  # fmt: skip
+                  on_device: np.ndarray | None = None) -> GPUStatsTable:  # fmt: skip
     """:func:`gpu_stats` of rows given as arrays (any order): what a timeline's metrics need, without building the
     timeline (a grid search only wants the metrics). Rows not `on_device` (the host stream) count for the
-    iteration's length but not for a GPU's busy time."""
+    iteration's length but not for a GPU's busy time. The figures are computed once per simulated GPU and stand
+    for every GPU it represents (:class:`GPUStatsTable`)."""
     t0 = float(start_s.min()) if len(start_s) else 0.0
     iteration = float(end_s.max() - t0) if len(end_s) else 0.0
     if on_device is not None and not on_device.all():
@@ -156,7 +224,7 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
     ids, first = np.unique(gpu[order], return_index=True)
     ends = [*first[1:].tolist(), len(order)] if len(order) else []  # no device rows: every GPU idles
     bounds = dict(zip(ids.tolist(), zip(first.tolist(), ends, strict=True), strict=True))
-    out: list[GPUStats] = []
+    classes, sizes, members = [], [], []
     for rep, targets in sorted(represents.items()):
         if rep not in bounds:
             stats = (0.0, 0.0, 0.0, iteration)
@@ -167,12 +235,17 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
             comm = union_length(s[~c], e[~c])
             busy = union_length(s, e)
             stats = (compute, comm, busy - compute, iteration - busy)
-        for g in targets:
-            out.append(GPUStats(g, g // gpus_per_node, *stats))
-    return sorted(out, key=lambda x: x.gpu)
+        classes.append(stats)
+        sizes.append(len(targets))
+        members.append(targets)
+    every = np.fromiter(chain.from_iterable(members), dtype=np.int64, count=sum(sizes))
+    of_class = np.repeat(np.arange(len(classes)), sizes)
+    by_gpu = np.argsort(every, kind="stable")  # as sorting the stats by GPU did
+    table = np.asarray(classes, dtype=np.float64).reshape(len(classes), len(STAT_FIELDS))
+    return GPUStatsTable(every[by_gpu], of_class[by_gpu], table, gpus_per_node)
 
 
-def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, list[GPUStats]]:
+def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, GPUStatsTable]:
     """The iteration time and per-GPU stats of an executed flow (task start and end times), equal to those of
     :func:`~distsim.sim.timeline.from_flow`'s timeline, from the flow's arrays."""
     from distsim.sim.flow.events import KINDS

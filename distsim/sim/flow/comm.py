@@ -77,8 +77,7 @@ class CommWriter:
         gpn = cluster.gpus_per_node
         pattern = inst.pattern if flow.symmetric else None
         if pattern is not None:
-            tx, rx = pattern.transfer_load if transfer else pattern.collective_load
-            usage = tuple(sorted([(2 * n, k) for n, k in tx] + [(2 * n + 1, k) for n, k in rx]))
+            usage = pattern.usage(transfer)
         elif transfer:
             usage = tuple(sorted(((2 * (inst.gpus[0] // gpn), 1), (2 * (inst.gpus[-1] // gpn) + 1, 1))))
         else:

@@ -45,22 +45,6 @@ from distsim.sim.flow.events import (
 from distsim.sim.flow.templates import stage_templates
 
 
-def _symmetry_holds(placement: Placement, strategy: Strategy, cluster: Cluster) -> bool:
-    pp = strategy.pp
-    for r in range(pp):
-        gpus = placement.stage_gpus(r)
-        if len({cluster.speed_factor(g) for g in gpus}) > 1:
-            return False
-        patterns = [placement.tp_groups(r), placement.dp_groups(r)]
-        if pp > 1:
-            patterns += [placement.p2p_pairs(r, (r + 1) % pp), placement.p2p_pairs(r, (r - 1) % pp)]
-            patterns.append(placement.p2p_pairs(0, pp - 1))  # tied embedding copies (first and last rank)
-        for instances in patterns:
-            if len({(i.scope, i.sharers) for i in instances}) > 1:
-                return False
-    return True
-
-
 def build_flow(
     model: Model, cluster: Cluster, strategy: Strategy, costs: CostSource, options: FlowOptions | None = None
 ) -> EventFlow:
@@ -90,7 +74,7 @@ def resolve_placement(
     """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
     check_strategy(strategy, model, cluster)
     placement = Placement(strategy, cluster, parse_order(options.rank_order))
-    symmetric = _symmetry_holds(placement, strategy, cluster)
+    symmetric = placement.symmetric  # decided once per shape (and stragglers): see Placement.symmetric
     if symmetric and options.link_sharing == "fair":  # one instance per pattern stands for the NIC load of all
         symmetric = placement.shares_evenly(_tied_pairs(model, strategy, costs))
     if options.symmetric is True and not symmetric:
@@ -225,8 +209,7 @@ class _Builder(CommWriter):
         strategy = self.flow.strategy
         for what, k in (("expert", strategy.ep), ("context", strategy.cp)):
             for r in range(self.pp) if k > 1 else ():
-                seen = {(i.scope, i.sharers) for i in self.placement.replica_groups(r, k)}
-                if len(seen) > 1:
+                if not self.placement.replica_groups(r, k).uniform:
                     letter = what[0] + "p"
                     raise DistsimError(f"{what}-parallel groups of {letter}={k} straddle nodes unevenly on pipeline "
                                        f"rank {r}; choose {letter} so that tp x {letter} divides the GPUs per node or "
