@@ -26,7 +26,6 @@ from distsim.core.models.hf import PREFIX as HF_PREFIX
 from distsim.core.models.hf import model_from_hf_config, split_hf_spec
 from distsim.io import yaml_guard
 from distsim.io.output import STDOUT, open_output
-from distsim.io.trace_export import WARN_BYTES
 from distsim.sim.profile_db import SCHEMA as PROFILE_SCHEMA
 from distsim.sim.profile_db import ProfileDB
 
@@ -254,7 +253,7 @@ def write_chrome_trace(
     *,
     expand: bool = False,
     report: Callable[[str], None] | None = None,
-    warn_bytes: float = WARN_BYTES,
+    warn_bytes: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write a Chrome/Perfetto trace of a timeline, streaming (memory stays flat for millions of events).
@@ -262,9 +261,12 @@ def write_chrome_trace(
     The format follows the name: ``*.json.gz`` gzip-compressed JSON, ``*.pftrace`` (or ``*.perfetto-trace``)
     Perfetto's protobuf format, anything else JSON (see :mod:`distsim.io.trace_export`). `expand`: every GPU's rows,
     not one row set per group of identical GPUs. `report`, when given, gets one warning line before the write if the
-    trace is estimated above `warn_bytes` uncompressed; `progress(done, total)` is called with events written.
-    `trace` may also be trace events as dicts (JSON formats only)."""
-    from distsim.io.trace_export import TraceSource, estimate, trace_format, warning_text, write_trace
+    trace is estimated above `warn_bytes` uncompressed (default :data:`~distsim.io.trace_export.WARN_BYTES`);
+    `progress(done, total)` is called with events written. `trace` may also be trace events as dicts (JSON formats
+    only). The exporter (with pandas) is imported here, when a trace is written."""
+    from distsim.io.trace_export import WARN_BYTES, TraceSource, estimate, trace_format, warning_text, write_trace
+
+    warn_bytes = WARN_BYTES if warn_bytes is None else warn_bytes
     from distsim.sim.timeline import Timeline
 
     fmt = trace_format(path)

@@ -50,3 +50,11 @@ def test_a_model_graph_imports_networkx_only_when_asked_for() -> None:
     code = "from distsim.core.models import get_model\nm = get_model('gpt2-345m')\nm.num_layers"
     assert "networkx" not in imported_after(code)
     assert "networkx" in imported_after(code + "\nm.graph")
+
+
+def test_a_simulation_summary_needs_no_table_library() -> None:
+    """`distsim simulate` prints its summary from the flow's arrays: no pandas unless a table or trace is asked for."""
+    run = ("from distsim.cli import main\ntry:\n    main(['simulate', '--model', 'gpt2-345m', '--cluster', "
+           "'distsim-testbed', '--strategy', '2M4P2D', '--micro-batches', '8'])\nexcept SystemExit as exc:\n"
+           "    assert exc.code == 0, exc.code")  # fmt: skip
+    assert set(imported_after(run)) & {"pandas", "networkx", "matplotlib", "torch"} == set()
