@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from distsim.core.cluster import MAX_GPUS
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import MAX_LAYERS, Model
@@ -38,7 +40,7 @@ from distsim.core.strategy import Strategy
 from distsim.plans.burst_flow import build_burst_flow, estimate_burst_tasks
 from distsim.plans.kinds import register_plan_kind
 from distsim.plans.plan import Plan, PlanError, check_batch, format_devices, parse_devices
-from distsim.plans.redistribution import shards
+from distsim.plans.redistribution import slice_bounds
 from distsim.sim.memory import MemoryEstimate, layer_activations
 
 if TYPE_CHECKING:
@@ -230,31 +232,33 @@ def burst_memory(model: Model, layouts: tuple[tuple[int, ...], ...], batch: int,
                  capacity_bytes: float) -> list[MemoryEstimate]:  # fmt: skip
     """One estimate per GPU of a burst plan (``rank`` = the GPU id): the training state of every layer the GPU runs
     (a tied pair on one GPU stored once) and the activations each of those layers keeps for the GPU's shard of the
-    batch from its forward to its backward (one batch in flight, no recomputation or sharding)."""
-    samples: dict[int, dict[int, int]] = {}  # gpu -> layer -> samples of its shard
-    for i, devices in enumerate(layouts):
-        for g, (lo, hi) in shards(batch, devices).items():
-            samples.setdefault(g, {})[i] = hi - lo
+    batch from its forward to its backward (one batch in flight, no recomputation or sharding). GPUs holding the same
+    shard of every layer get the same figures, worked out once (data parallelism over 1,024 GPUs: once)."""
+    index: dict[tuple[int, ...], int] = {}  # each distinct layout once (hashing a long tuple is slow)
+    layout = [index.setdefault(devices, len(index)) for devices in layouts]
+    gpus = np.asarray(sorted(set().union(*index)), dtype=np.int64)
+    rows = np.zeros((len(index), len(gpus)), dtype=np.int64)  # samples each GPU holds under a layout (0: not there)
+    for k, devices in enumerate(index):
+        lo, hi = slice_bounds(batch, len(devices))
+        rows[k, np.searchsorted(gpus, np.asarray(devices, dtype=np.int64))] = hi - lo
+    samples = rows[layout]  # layer x GPU
+    _, first, inverse = np.unique(samples, axis=1, return_index=True, return_inverse=True)
     p = model.precision
-    out = []
-    for g in sorted(samples):
-        held = samples[g]
+    stored: dict[int, float] = {}
+    alike = []
+    for column in first.tolist():
+        held = {i: n for i, n in enumerate(samples[:, column].tolist()) if n}
+        for i in held:
+            if i not in stored:
+                stored[i] = layer_activations(model, i, 1, False, "none").stored
         params = model.rank_params(sorted(held), 1)
-        kept = sum(n * layer_activations(model, i, 1, False, "none").stored for i, n in held.items())
-        out.append(
-            MemoryEstimate(
-                rank=g,
-                params_bytes=params * p.param_bytes,
-                grads_bytes=params * p.grad_bytes,
-                optimizer_bytes=params * p.optimizer_bytes,
-                activations_bytes=kept,
-                in_flight_microbatches=1,
-                capacity_bytes=capacity_bytes,
-                unrecomputed_activations_bytes=kept,
-                unsharded_states_bytes=params * p.state_bytes_per_param,
-            )
-        )
-    return out
+        kept = sum(n * stored[i] for i, n in held.items())
+        alike.append(dict(params_bytes=params * p.param_bytes, grads_bytes=params * p.grad_bytes,
+                          optimizer_bytes=params * p.optimizer_bytes, activations_bytes=kept,
+                          in_flight_microbatches=1, capacity_bytes=capacity_bytes,
+                          unrecomputed_activations_bytes=kept,
+                          unsharded_states_bytes=params * p.state_bytes_per_param))  # fmt: skip
+    return [MemoryEstimate(rank=g, **alike[k]) for g, k in zip(gpus.tolist(), inverse.ravel().tolist(), strict=True)]
 
 
 class BurstKind:
@@ -263,6 +267,7 @@ class BurstKind:
     file_keys = marker_keys | {"grad_sync"}
 
     memory_per_gpu = True
+    symmetric_classes = True  # GPUs doing the same work are simulated once (distsim.plans.burst_classes)
     framework = "deeppool"  # burst parallelism is DeepPool's runtime (whole iterations replayed as CUDA graphs)
 
     def check_fields(self, plan: Plan) -> None:
@@ -272,7 +277,7 @@ class BurstKind:
         check_burst(plan, num_layers, num_gpus)
 
     def gpus(self, plan: Plan) -> tuple[int, ...]:
-        return tuple(sorted({g for devices in plan.burst for g in devices}))
+        return tuple(sorted(set().union(*dict.fromkeys(plan.burst))))  # layouts repeat: each distinct one once
 
     def notation(self, plan: Plan) -> str:
         return burst_notation(plan.burst)

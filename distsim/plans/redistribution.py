@@ -62,6 +62,12 @@ def _slice_ends(batch: int, count: int) -> np.ndarray:
     return np.cumsum(base + (np.arange(count) < extra))
 
 
+def slice_bounds(batch: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The [lo, hi) of each of the `count` slices of :func:`~distsim.plans.plan.split_samples`, as two arrays."""
+    ends = _slice_ends(batch, count)
+    return ends - (batch // count + (np.arange(count) < batch % count)), ends
+
+
 def _cut(batch: int, src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """The batch cut at the union of both layouts' slice ends: each piece's end, length, and the index of the source
     and of the destination slice it lies in (both splits are contiguous slices in device order)."""
@@ -104,12 +110,17 @@ def redistribution_cost(
     return transfer_cost(costs, gpus_per_node, redistribution(batch, src, dst), bytes_per_sample)
 
 
+def moved_bytes(moved: Redistribution, bytes_per_sample: float) -> int:
+    """The busiest GPU's bytes of a layout change (what its transfer is priced by); 0: no transfer at all."""
+    return round(moved.busiest_samples * bytes_per_sample)
+
+
 def transfer_cost(
     costs: CostSource, gpus_per_node: int, moved: Redistribution, bytes_per_sample: float
 ) -> tuple[Cost | None, int]:
     """:func:`redistribution_cost` of a layout change already worked out (a planner prices one change for many
     tensor sizes)."""
-    nbytes = round(moved.busiest_samples * bytes_per_sample)
+    nbytes = moved_bytes(moved, bytes_per_sample)
     if nbytes <= 0:
         return None, 0
     return costs.comm(CommEvent("p2p", nbytes, 2, scope_of(moved.movers, gpus_per_node))), nbytes

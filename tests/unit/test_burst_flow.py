@@ -73,7 +73,7 @@ def test_the_simulated_transfers_move_the_busiest_gpus_bytes() -> None:
     model = flops_model([(0.1, 0, 100.0), (0.1, 0, 100.0), (0.1, 0, 0.0)])
     cluster = hand_cluster()
     plan = burst_plan(model, cluster, [2, 4, 2], 8)
-    r = simulate(model, cluster, plan, options=NO_HOST)
+    r = simulate(model, cluster, plan, options=replace(NO_HOST, symmetric=False))  # the flow's slots: every mover
     moves = sorted(_tasks(r, "p2p"), key=lambda x: x[2])
     assert [(name, gpus) for name, gpus, _, _ in moves] == [
         ("act l0 2->4 GPUs", (0, 1, 2, 3)),
@@ -244,7 +244,7 @@ def test_simulate_cli_runs_a_burst_plan(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0
     assert "plan burst 1x3,8x10,1x8 (21 layers on 8 GPUs; one batch of 32 samples" in out
     assert "GPUs per layer     layers 0-2 on GPU 0; layers 3-12 on GPUs 0-7; layers 13-20 on GPU 0" in out
-    assert "GPUs 1-7" in out  # they idle alike while GPU 0 runs the narrow layers
+    assert "GPU 1 (+6 alike)" in out  # GPUs 1-7 idle alike while GPU 0 runs the narrow layers: one class
 
 
 def test_check_plan_and_the_flow_refuse_what_does_not_fit() -> None:
