@@ -124,7 +124,7 @@ def test_trace_has_the_timeline_schema_and_every_event(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "timeout", "expect"), [("die", "600", "rank 1 exited with status 17"), ("hang", "6", "did not finish")]
+    ("mode", "timeout", "expect"), [("die", "600", "rank 1 exited with status 17"), ("hang", "3", "did not finish")]
 )
 def test_a_rank_failing_mid_run_ends_every_rank_and_writes_no_trace(
     tmp_path: Path, mode: str, timeout: str, expect: str

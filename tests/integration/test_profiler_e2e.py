@@ -114,7 +114,7 @@ def test_a_shaped_two_node_run_measures_both_scopes_and_removes_its_namespaces(t
     ("mode", "timeout", "expect"),
     # a rank that dies is reported whenever it dies (the timeout is far away); a hang always runs into the timeout,
     # whether the rank reached its hang point or was still starting: both outcomes do not depend on load
-    [("die", "600", "rank 1 exited with status 17"), ("hang", "6", "did not finish within 6 s")],
+    [("die", "600", "rank 1 exited with status 17"), ("hang", "3", "did not finish within 3 s")],
 )
 def test_a_failing_rank_ends_the_run_with_one_error_and_no_profile(
     tmp_path: Path, mode: str, timeout: str, expect: str
