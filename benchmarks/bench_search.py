@@ -4,7 +4,9 @@
    every pp dividing the 96 layers and the GPU count, micro-batch sizes 1, 2, 4, 8, schedules GPipe, 1F1B and
    interleaved. Timed three times: as shipped (configurations that do not fit in 80 GB are not simulated), with
    --ignore-memory (every valid configuration simulated), and with the recomputation (none, selective, full) and
-   optimizer-sharding (none, zero1) dimensions added under the memory filter. Target: under 30 s each.
+   optimizer-sharding (none, zero1) dimensions added under the memory filter. Target: under 30 s each (issue 24:
+   the last under 10 s with 2 workers). Then one prediction in process: simulate() of each configuration that grid
+   simulated, each timed alone (median and 90th percentile; issue 24's target: a median under 20 ms).
 2. DAPPLE's planner for BERT-48 (bert-exlarge, 50 graph layers) on 16 GPUs (2 machines x 8 V100, dapple-a),
    global batch 64, every micro-batch count, the three placement policies, serial and with the workers.
    Target: under 10 s. Then the simulation of its shortlist.
@@ -17,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 
 from machine import describe, timed
 
 from distsim import AnalyticCosts, get_cluster, get_model
+from distsim.plans.simulate import simulate
 from distsim.search.dapple import DappleSpec, check_with_simulator, plan_dapple
-from distsim.search.grid import GridSpec, grid_search
+from distsim.search.grid import GridResult, GridSpec, grid_search
+from distsim.search.space import cluster_for
 
 
 def main() -> None:
@@ -49,6 +55,8 @@ def main() -> None:
         print(f"GPT-3 175B grid, 1024 GPUs ({what}): {len(result.points)} valid, {len(result.skipped)} skipped, "
               f"{result.num_out_of_memory} out of memory, {result.num_simulated} simulated: {t:.2f} s "
               f"(target < 30 s); best {best[0].strategy.describe() if best else '-'}")  # fmt: skip
+        if recompute != plain[0]:
+            predictions(result, costs)
 
     model, cluster = get_model("bert-exlarge"), get_cluster("dapple-a")
     costs = AnalyticCosts(cluster)
@@ -61,6 +69,23 @@ def main() -> None:
               f"(target < 10 s); planner's best {b.notation} at M={b.micro_batches}")  # fmt: skip
     t_check, checked = timed(lambda: check_with_simulator(result, costs), 1)
     print(f"  simulating the shortlist ({len(checked)} plans x warm-up policies A and B): {t_check:.2f} s")
+
+
+def predictions(result: GridResult, costs: AnalyticCosts) -> None:
+    """simulate() in this process for every configuration the grid simulated, each call timed alone (the grid's
+    own per-point times include its memory check and run in workers)."""
+    cluster = cluster_for(result.cluster, result.spec.gpus)  # what grid_search simulates on
+    times = []
+    for p in result.points:
+        if p.simulated:
+            t0 = time.perf_counter()
+            simulate(result.model, cluster, p.strategy, costs)
+            times.append(time.perf_counter() - t0)
+    q90 = statistics.quantiles(times, n=10)[-1] if len(times) > 1 else times[0]
+    print(
+        f"  one prediction in process (simulate(), {len(times)} configurations): median "
+        f"{1e3 * statistics.median(times):.1f} ms, 90th percentile {1e3 * q90:.1f} ms (target: median < 20 ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from distsim.plans.result import SimResult
 from distsim.plans.uniform import plan_from_strategy
 from distsim.sim import engine, network
 from distsim.sim.costs import AnalyticCosts, CostSource
-from distsim.sim.flow.events import EventFlow, FlowOptions
+from distsim.sim.flow.events import EventFlow, FlowOptions, shared_partitions
 
 DEFAULT_MAX_TASKS = 5_000_000
 """Most tasks one simulate() call may run (tasks of the event flow times the runs: 1, or ``samples``); above it the
@@ -117,6 +117,23 @@ def simulate(
     t0 = time.perf_counter()
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
+    with shared_partitions():  # the estimate, the flow and its memory resolve one partition: balanced once
+        return _simulate(model, cluster, strategy, costs, options, samples, seed, max_tasks, progress, estimate, t0)
+
+
+def _simulate(
+    model: Model,
+    cluster: Cluster,
+    strategy: Strategy | Plan,
+    costs: CostSource,
+    options: FlowOptions,
+    samples: int,
+    seed: int,
+    max_tasks: int | None,
+    progress: Callable[[int, int], None] | None,
+    estimate: tuple[int, int] | None,
+    t0: float,
+) -> SimResult:
     if estimate is None:
         estimate = estimate_size(model, cluster, strategy, costs, options, samples)
     check_size(*estimate, max_tasks)
