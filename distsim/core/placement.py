@@ -20,12 +20,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import overload
 
 import numpy as np
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import StrategyError
+from distsim.core.lazy import RowsOnDemand
 from distsim.core.strategy import Strategy
 
 DIMS = ("tp", "dp", "pp")
@@ -241,7 +241,7 @@ def parse_order(order: str) -> tuple[str, str, str]:
     return parts  # type: ignore[return-value]
 
 
-class Instances(Sequence[CommInstance]):
+class Instances(RowsOnDemand[CommInstance]):
     """The instances of one pattern of a placement as arrays: each instance's GPUs, whether it crosses nodes and its
     NIC sharers (what :func:`group_instances` and :func:`pair_instances` compute, counted with numpy). An
     instance's :class:`CommInstance` is built when it is asked for (a flow asks for the few it simulates), once."""
@@ -279,16 +279,7 @@ class Instances(Sequence[CommInstance]):
     def __len__(self) -> int:
         return len(self.groups)
 
-    @overload
-    def __getitem__(self, index: int) -> CommInstance: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[CommInstance]: ...
-
-    def __getitem__(self, index: int | slice) -> CommInstance | list[CommInstance]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = range(len(self))[index]  # IndexError past the end (which ends iteration)
+    def _row(self, i: int) -> CommInstance:
         inst = self._built.get(i)
         if inst is None:
             scope = "inter" if self.inter[i] else "intra"

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
+from distsim.core.lazy import RowsOnDemand
 from distsim.sim.timeline import COMPUTE_KINDS, HOST_KINDS, Timeline, slot_rows
 
 
@@ -52,7 +53,7 @@ STAT_FIELDS = ("compute_s", "comm_s", "exposed_comm_s", "idle_s")
 """The figures of a :class:`GPUStats`, in its order, after its GPU and node."""
 
 
-class GPUStatsTable(Sequence[GPUStats]):
+class GPUStatsTable(RowsOnDemand[GPUStats]):
     """The :class:`GPUStats` of every GPU, in GPU order, kept as arrays: each GPU's class (the simulated GPU that
     stands for it) and each class's figures. A symmetric simulation of 131,072 GPUs has 16 classes: its figures
     are summed over columns (:meth:`column`) and its rows built as they are asked for, not one object per GPU.
@@ -64,16 +65,7 @@ class GPUStatsTable(Sequence[GPUStats]):
     def __len__(self) -> int:
         return len(self.gpu)
 
-    @overload
-    def __getitem__(self, index: int) -> GPUStats: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[GPUStats]: ...
-
-    def __getitem__(self, index: int | slice) -> GPUStats | list[GPUStats]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = range(len(self))[index]  # IndexError past the end (which ends iteration)
+    def _row(self, i: int) -> GPUStats:
         g = int(self.gpu[i])
         return GPUStats(g, g // self.gpus_per_node, *self.classes[self.of_class[i]].tolist())
 

@@ -58,3 +58,24 @@ def test_a_simulation_summary_needs_no_table_library() -> None:
            "'distsim-testbed', '--strategy', '2M4P2D', '--micro-batches', '8'])\nexcept SystemExit as exc:\n"
            "    assert exc.code == 0, exc.code")  # fmt: skip
     assert set(imported_after(run)) & {"pandas", "networkx", "matplotlib", "torch"} == set()
+
+
+def test_rows_on_demand_index_as_a_list_does() -> None:
+    from distsim.core.lazy import RowsOnDemand
+
+    class Squares(RowsOnDemand[int]):
+        def __init__(self) -> None:
+            self.built: list[int] = []
+
+        def __len__(self) -> int:
+            return 5
+
+        def _row(self, i: int) -> int:
+            self.built.append(i)
+            return i * i
+
+    rows = Squares()
+    assert rows[2] == 4 and rows.built == [2]  # only the row asked for is built
+    assert rows[-1] == 16 and rows[1:4] == [1, 4, 9] and list(rows) == [0, 1, 4, 9, 16]
+    with pytest.raises(IndexError):
+        rows[5]
