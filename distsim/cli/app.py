@@ -16,9 +16,32 @@ class LazyGroup(click.Group):
     name -> module, which registers the command on this group when imported): ``distsim simulate`` loads the
     simulator, not the profiler, the executor or the search drivers, and ``import distsim.cli`` loads none."""
 
-    def __init__(self, *args: object, lazy: dict[str, str] | None = None, **kwargs: object) -> None:
+    def __init__(self, *args: object, lazy: dict[str, str] | None = None, summaries: dict[str, str] | None = None,
+                 **kwargs: object) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.lazy = dict(lazy or {})
+        self.summaries = dict(summaries or {})
+        """Command name -> the first sentence of its help: what ``--help`` lists for a command not imported yet,
+        so that listing the commands imports none of them (a test checks each against the command's own)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help``, from :attr:`summaries` for the commands not imported (as click lists
+        them: name and short help, cut to the width)."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = []
+        for name in names:
+            if name in self.commands or name not in self.summaries:
+                cmd = self.get_command(ctx, name)
+                if cmd is None or cmd.hidden:
+                    continue
+                rows.append((name, cmd.get_short_help_str(limit)))
+            else:
+                rows.append((name, click.Command(name, help=self.summaries[name]).get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(self.commands) | set(self.lazy))
@@ -36,9 +59,25 @@ COMMANDS = {
     "cluster-sim": "distsim.cli.cluster_sim",
 }  # fmt: skip
 """Each top-level command's module (see :class:`LazyGroup`)."""
+SUMMARIES = {
+    "cluster-sim": "Simulate a job trace on a GPU cluster: JCT (mean, p50, p95), makespan and GPU allocation ratio "
+    "(EasyScale 5.2).",
+    "clusters": "List the built-in clusters with their figures and sources.",
+    "execute": "Run a plan for real with torch.distributed and record its per-GPU timeline.",
+    "frameworks": "List the framework presets (--framework of simulate, search and validate) with their sources.",
+    "models": "List the built-in workloads: size, graph layers (what --partition counts), source, and the named specs.",
+    "profile": "Measure every distinct compute and communication event of a model's strategies.",
+    "schedule": "Print a pipeline schedule's action lists and its step x rank grid (unit-time F and B).",
+    "search": "Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, MG-WFBP's "
+    "gradient merging, or EasyScale's placement of elastic workers on heterogeneous GPUs.",
+    "simulate": "Simulate one training iteration and summarise it.",
+    "validate": "Compare a prediction with a measured run: batch time, per-GPU activity and per-stage errors (DistSim "
+    "Sec. 5).",
+}
+"""Each top-level command's summary in ``distsim --help`` (see :attr:`LazyGroup.summaries`)."""
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS,
+@click.group(cls=LazyGroup, lazy=COMMANDS, summaries=SUMMARIES,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})  # fmt: skip
 @click.version_option(package_name="distsim")
 def cli() -> None:

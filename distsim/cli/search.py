@@ -84,9 +84,18 @@ SEARCH_DRIVERS = {
     "merge": "distsim.cli.search_merge", "elastic": "distsim.cli.search_elastic",
 }  # fmt: skip
 """Each driver's module, imported when its command is asked for (:class:`~distsim.cli.app.LazyGroup`)."""
+DRIVER_SUMMARIES = {
+    "dapple": "DAPPLE's planner: uneven stages, stage replication and device placement (Fan et al. 2021, Sec. IV).",
+    "deeppool": "DeepPool's planner: each layer data-parallel over its own number of GPUs (burst parallelism).",
+    "elastic": "EasyScale's intra-job planner: how many GPUs of each type host the job's maxP ESTs, and how many "
+    "ESTs each.",
+    "grid": "Grid search over tensor x pipeline x data degrees, micro-batch sizes and schedules (DistSim Sec. 6).",
+    "merge": "MG-WFBP: merge layers' gradients into fewer all-reduces, and compare every way of synchronising them.",
+}
+"""Each driver's summary in ``distsim search --help``."""
 
 
-@cli.group(cls=LazyGroup, lazy=SEARCH_DRIVERS)
+@cli.group(cls=LazyGroup, lazy=SEARCH_DRIVERS, summaries=DRIVER_SUMMARIES)
 def search() -> None:
     """Search strategies with the simulator: DistSim's grid search, DAPPLE's or DeepPool's planner, MG-WFBP's
     gradient merging, or EasyScale's placement of elastic workers on heterogeneous GPUs.

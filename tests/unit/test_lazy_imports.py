@@ -79,3 +79,28 @@ def test_rows_on_demand_index_as_a_list_does() -> None:
     assert rows[-1] == 16 and rows[1:4] == [1, 4, 9] and list(rows) == [0, 1, 4, 9, 16]
     with pytest.raises(IndexError):
         rows[5]
+
+
+def test_help_lists_the_commands_without_importing_them() -> None:
+    """`distsim --help` and `distsim search --help` list every command from the summaries, loading none of the
+    commands' modules; each summary lists as the command's own help would (checked at two widths)."""
+    import click
+
+    from distsim.cli.app import COMMANDS, SUMMARIES, cli
+    from distsim.cli.search import DRIVER_SUMMARIES, SEARCH_DRIVERS, search
+
+    run = ("from distsim.cli import main\nimport sys\nfor argv in (['--help'], ['search', '--help']):\n    try:\n"
+           "        main(argv)\n    except SystemExit as exc:\n        assert exc.code == 0, exc.code\n")  # fmt: skip
+    probe = f"{run}\nimport json\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('distsim.cli'))))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert loaded & (set(COMMANDS.values()) | set(SEARCH_DRIVERS.values())) == {"distsim.cli.search"}
+    for name in COMMANDS:
+        assert name in done.stdout
+    for group, summaries in ((cli, SUMMARIES), (search, DRIVER_SUMMARIES)):
+        assert set(summaries) == set(group.lazy)
+        for name, summary in summaries.items():
+            cmd = group.get_command(click.Context(group), name)
+            for limit in (45, 300):
+                assert cmd.get_short_help_str(limit) == click.Command(name, help=summary).get_short_help_str(limit)
