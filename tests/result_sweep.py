@@ -122,9 +122,14 @@ def run_one(model_name: str, cluster_name: str, nodes: int | None, strategy: Str
 
 
 def _frame_hash(df: Any) -> str:
+    """A hash of the timeline's recorded columns (:data:`~distsim.sim.timeline.COLUMNS`; the communication columns
+    added later are checked by tests/unit/test_timeline_columns.py)."""
     import pandas as pd
 
-    return hashlib.sha256(pd.util.hash_pandas_object(df, index=False).to_numpy().tobytes()).hexdigest()
+    from distsim.sim.timeline import COLUMNS
+
+    rows = df[list(COLUMNS)]
+    return hashlib.sha256(pd.util.hash_pandas_object(rows, index=False).to_numpy().tobytes()).hexdigest()
 
 
 def label(config: tuple) -> str:

@@ -547,6 +547,13 @@ def write_csv(fh: IO[str], timeline: Timeline, expand: bool = False) -> None:
     src = TraceSource(timeline, expand=True)
     df = timeline.df
     fh.write(",".join(df.columns) + "\n")
+    if "group" in df.columns:  # each GPU's own groups and peers: its rows formatted one GPU at a time
+        rep_of = {g: rep for rep, targets in timeline.represents.items() for g in targets}
+        rows = {rep: src.rows(rep) for rep in timeline.represents}
+        for gpu in sorted(rep_of):
+            timeline.copied(rep_of[gpu], (gpu,), rows[rep_of[gpu]]).to_csv(fh, index=False, header=False)
+        return
+
 
     def template(rep: int) -> str:
         rows = df.iloc[src.rows(rep)].copy()

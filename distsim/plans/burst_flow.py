@@ -232,7 +232,9 @@ class _BurstBuilder(CommWriter):
             slots = tuple((g, S_COMPUTE) for g in simulated) + (slots if self.serialize else ())
         rep = self.rep
         deps = list(dict.fromkeys(done[(layer, rep[g])] for g in senders))
-        return flow.add(cost.seconds, slots, K_P2P, name, producer, producer, -1, key, deps)
+        tid = flow.add(cost.seconds, slots, K_P2P, name, producer, producer, -1, key, deps)
+        flow.members[tid] = tuple(movers)
+        return tid
 
     def waits(self, src_layer: int, dst_layer: int, g: int, done: dict[tuple[int, int], int], moved: int | None,
               lo: int, hi: int) -> list[int]:  # fmt: skip

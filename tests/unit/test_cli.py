@@ -65,7 +65,8 @@ def test_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     header = csv.read_text().splitlines()[0].split(",")
-    assert header == ["gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s"]
+    assert header == ["gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s",
+                      "key", "bytes", "peer", "group"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,7 @@ class CommWriter:
         if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
             slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
         tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        flow.members[tid] = inst.gpus
         if self.fair:
             self.network_task(tid, inst, ev, alone_s)
         self.shadow(shadow, (src,), [dep], src_vs, mb, key)
@@ -158,6 +159,7 @@ class CommWriter:
             dur, shadow = self.overlapped(cost.seconds, inst.scope, compute_s)
         slots = self.comm_slots(S_DP if gradients else S_GATHER, inst.scope, members)
         tid = flow.add(dur, slots, K_DP, name, layer, stage, mb, key, list(deps))
+        flow.members[tid] = inst.gpus
         if self.fair:
             self.network_task(tid, inst, ev, cost.seconds)
         self.shadow(shadow, members, list(deps), stage, mb, key)

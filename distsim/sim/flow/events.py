@@ -149,6 +149,10 @@ class EventFlow:
     releases: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after the
     host task starts (its kernel is enqueued by then)."""
+    members: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Communication task -> the GPUs of its instance (a transfer: sender, then receiver; a collective: its group,
+    simulated or not). Tensor-, expert- and context-parallel ops of stage templates are not listed: their group
+    follows from the placement (:func:`distsim.sim.timeline.from_flow`)."""
     network: dict[int, NetUse] = field(default_factory=dict)
     """Fair link sharing: network task -> how it uses the nodes' NICs; its duration is its cost alone (empty with
     the other modes: nothing is shared in time)."""
