@@ -27,6 +27,52 @@ import simpy
 from simpy.events import NORMAL, Event
 
 
+class _Prev:
+    """The dependency list of a task that waits for the task before it and nothing else (see :data:`PREV`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PREV"
+
+
+PREV = _Prev()
+"""Stands, in a dependency list's place, for ``[j - 1]``: how an event flow stores most ops of a chain (a stage
+template's ops on one GPU, each after the one before; :meth:`distsim.sim.flow.events.EventFlow.add_chain`). One shared
+object instead of a list per op: a large flow is mostly such ops. :func:`run` reads it; the flow expands it for
+every other reader."""
+
+
+class ChainRelease:
+    """In a host task's release list, the launch constraints of one chain at once: task ``first + i`` starts no
+    earlier than ``base + ends[i]`` after the host task starts, for each i in `indices` (what
+    :meth:`~distsim.sim.flow.events.EventFlow.add_chain` would otherwise append one pair per op)."""
+
+    __slots__ = ("base", "ends", "first", "indices")
+
+    def __init__(self, first: int, base: float, indices: Sequence[int], ends: Sequence[float]) -> None:
+        self.first, self.base, self.indices, self.ends = first, base, indices, ends
+
+    def pairs(self) -> list[tuple[int, float]]:
+        """The (task, offset) pairs it stands for, in op order."""
+        first, base, ends = self.first, self.base, self.ends
+        return [(first + i, base + ends[i]) for i in self.indices]
+
+
+def expand_releases(releases: Mapping[int, Sequence[object]]) -> dict[int, list[tuple[int, float]]]:
+    """Release lists with every :class:`ChainRelease` replaced by the pairs it stands for, in place (order kept)."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    for h, items in releases.items():
+        pairs: list[tuple[int, float]] = []
+        for item in items:
+            if type(item) is ChainRelease:
+                pairs += item.pairs()
+            else:
+                pairs.append(item)  # type: ignore[arg-type]
+        out[h] = pairs
+    return out
+
+
 @dataclass(frozen=True)
 class EngineResult:
     start_s: list[float]
@@ -45,12 +91,24 @@ def run(
     """Execute tasks `0..n-1` with the given durations and dependency lists; return their start and end times.
 
     `releases`: task -> (other task, offset): the other task starts no earlier than `offset` seconds after this one
-    starts (a kernel is not started before the host has enqueued it). Raises ``RuntimeError`` on a cycle."""
+    starts (a kernel is not started before the host has enqueued it). A dependency list may be :data:`PREV` and a
+    release list may hold :class:`ChainRelease` items (an event flow's compact form). Raises ``RuntimeError`` on a
+    cycle."""
     n = len(duration_s)
     after: dict[int, list[tuple[int, float]]] = {}
     for h, pairs in (releases or {}).items():
-        for j, offset in pairs:
-            after.setdefault(j, []).append((h, offset))
+        for item in pairs:
+            if type(item) is ChainRelease:
+                first, base, ends = item.first, item.base, item.ends
+                for i in item.indices:
+                    j = first + i
+                    if j in after:
+                        after[j].append((h, base + ends[i]))
+                    else:
+                        after[j] = [(h, base + ends[i])]
+            else:
+                j, offset = item  # type: ignore[misc]
+                after.setdefault(j, []).append((h, offset))
     start = [0.0] * n
     end = [0.0] * n
     if not _longest_path(range(n), duration_s, deps, after, start, end):
@@ -69,14 +127,19 @@ def _longest_path(
     """Fill `start` and `end` in `order`; False (and stop) at a task whose dependency comes later in it (ids only:
     `order` must be ``range(n)`` or a topological order)."""
     by_id = isinstance(order, range)
+    prev = PREV
     for j in order:
-        s = 0.0
-        for d in deps[j]:
-            if by_id and d >= j:
-                return False
-            e = end[d]
-            if e > s:
-                s = e
+        ds = deps[j]
+        if ds is prev:  # the task before it alone, which ended at or after 0
+            s = end[j - 1]
+        else:
+            s = 0.0
+            for d in ds:
+                if by_id and d >= j:
+                    return False
+                e = end[d]
+                if e > s:
+                    s = e
         if j in after:
             for h, offset in after[j]:
                 if by_id and h >= j:
@@ -96,7 +159,7 @@ def _topological_order(
     dependents: list[list[int]] = [[] for _ in range(n)]
     waiting = [0] * n
     for j in range(n):
-        preds = list(deps[j]) + [h for h, _ in after.get(j, ())]
+        preds = ([j - 1] if deps[j] is PREV else list(deps[j])) + [h for h, _ in after.get(j, ())]
         waiting[j] = len(preds)
         for d in preds:
             dependents[d].append(j)

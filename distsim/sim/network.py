@@ -73,7 +73,7 @@ def run_flow(flow: Any, duration_s: Sequence[float] | None = None) -> EngineResu
         cluster = flow.cluster
         capacity = cluster.inter.bandwidth_bytes_per_s * cluster.nics_per_node
         return run_shared(durations, flow.deps, flow.releases, flow.network, capacity)
-    return run(durations, flow.deps, flow.releases)
+    return run(durations, *flow.compact())
 
 
 def run_shared(

@@ -62,6 +62,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
+from typing import Any
 
 from distsim.core.cluster import Cluster
 from distsim.core.models.graph import Model
@@ -70,6 +71,7 @@ from distsim.core.placement import Placement
 from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource
+from distsim.sim.engine import PREV, ChainRelease, _Prev, expand_releases
 from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
@@ -134,7 +136,9 @@ class EventFlow:
     represents: dict[int, tuple[int, ...]]
     """Simulated GPU -> the GPUs it stands for (itself first)."""
     duration_s: list[float] = field(default_factory=list)
-    deps: list[list[int]] = field(default_factory=list)
+    _deps: list[list[int] | _Prev] = field(default_factory=list, repr=False)
+    """Each task's dependency list as built: :data:`~distsim.sim.engine.PREV` for a chain's op that waits for the
+    op before it alone (:attr:`deps` expands it)."""
     slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
     """(gpu, stream) pairs each task occupies; a timeline row per slot."""
     kind: list[int] = field(default_factory=list)
@@ -146,9 +150,8 @@ class EventFlow:
     keys: list[str] = field(default_factory=list)
     key_costs: list[Cost] = field(default_factory=list)
     key_kinds: list[str] = field(default_factory=list)
-    releases: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after the
-    host task starts (its kernel is enqueued by then)."""
+    _releases: dict[int, list[tuple[int, float] | ChainRelease]] = field(default_factory=dict, repr=False)
+    """:attr:`releases` as built: a chain's constraints one :class:`~distsim.sim.engine.ChainRelease` each."""
     members: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Communication task -> the GPUs of its instance (a transfer: sender, then receiver; a collective: its group,
     simulated or not). Tensor-, expert- and context-parallel ops of stage templates are not listed: their group
@@ -158,9 +161,42 @@ class EventFlow:
     the other modes: nothing is shared in time)."""
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
+    _runs: list[tuple[int, Chain]] = field(default_factory=list, repr=False)
+    """(first task, chain) of every chain added, to expand the :data:`~distsim.sim.engine.PREV` of its ops."""
+    _expanded: tuple[int, list[list[int]], dict[int, list[tuple[int, float]]]] | None = field(default=None,
+                                                                                               repr=False)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.duration_s)
+
+    @property
+    def deps(self) -> list[list[int]]:
+        """Each task's dependencies (task ids), expanded from the compact form the builders write (the engine reads
+        that form directly: :func:`distsim.sim.engine.run`)."""
+        return self._expand()[1]
+
+    @property
+    def releases(self) -> dict[int, list[tuple[int, float]]]:
+        """Launch constraints: host task -> (task, offset): the task starts no earlier than `offset` seconds after
+        the host task starts (its kernel is enqueued by then)."""
+        return self._expand()[2]
+
+    def _expand(self) -> tuple[int, list[list[int]], dict[int, list[tuple[int, float]]]]:
+        """:attr:`deps` and :attr:`releases` as plain lists, computed when first read and again if tasks were added
+        since."""
+        if self._expanded is not None and self._expanded[0] == len(self._deps):  # release() clears it
+            return self._expanded
+        deps: list[Any] = list(self._deps)
+        for tid0, chain in self._runs:
+            for i, (a, b) in enumerate(chain.rel_deps):
+                if deps[tid0 + i] is PREV:
+                    deps[tid0 + i] = [tid0 + a] if b < 0 else [tid0 + a, tid0 + b]
+        self._expanded = (len(deps), deps, expand_releases(self._releases))
+        return self._expanded
+
+    def compact(self) -> tuple[list[list[int] | _Prev], dict[int, list[tuple[int, float] | ChainRelease]]]:
+        """(dependencies, releases) in the builders' compact form, for :func:`distsim.sim.engine.run`."""
+        return self._deps, self._releases
 
     @property
     def simulated_gpus(self) -> list[int]:
@@ -196,7 +232,7 @@ class EventFlow:
                 deps.append(prev)
             last[slot] = tid
         self.duration_s.append(dur)
-        self.deps.append(deps)
+        self._deps.append(deps)
         self.slots.append(slots)
         self.kind.append(kind)
         self.name.append(name)
@@ -208,7 +244,8 @@ class EventFlow:
 
     def release(self, host_task: int, task: int, offset_s: float) -> None:
         """`task` starts no earlier than `offset_s` after `host_task` starts (its kernel's launch ends then)."""
-        self.releases.setdefault(host_task, []).append((task, offset_s))
+        self._releases.setdefault(host_task, []).append((task, offset_s))
+        self._expanded = None
 
     def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int,
                   host: tuple[int, float] | None = None, exact: bool = False) -> int:  # fmt: skip
@@ -221,17 +258,21 @@ class EventFlow:
         tid0 = len(self.duration_s)
         if host is not None:
             host_task, base = host
-            for i in chain.launch_constrained if not exact else range(len(chain.links)):
-                self.release(host_task, tid0 + i, base + chain.launch_ends[i])
+            indices = chain.launch_constrained if not exact else range(len(chain.links))
+            self._releases.setdefault(host_task, []).append(ChainRelease(tid0, base, indices, chain.launch_ends))
         last = self._last
-        # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one)
-        new = [[tid0 + a] if b < 0 else [tid0 + a, tid0 + b] for a, b in chain.rel_deps]
-        new[0] = list(first_deps)
-        for i in chain.slot_lookups:  # the first op on a slot in the chain: the slot's last task before it
+        # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one,
+        # so ended by then: PREV, which deps expands); the first op on a slot in the chain (op 0 among them) also for
+        # the slot's last task before it
+        deps = self._deps
+        deps.extend(chain.prevs)
+        for i in chain.slot_lookups:
+            new = list(first_deps) if i == 0 else [tid0 + i - 1]
             q = last.get(chain.slots[i][0])
-            if q is not None and q not in new[i]:
-                new[i].append(q)
-        self.deps.extend(new)
+            if q is not None and q not in new:
+                new.append(q)
+            deps[tid0 + i] = new
+        self._runs.append((tid0, chain))
         for slot, i in chain.last_on_slot:
             last[slot] = tid0 + i
         n = len(chain.links)
@@ -302,6 +343,12 @@ class Chain:
         """:attr:`links` as :meth:`EventFlow.add_chain` uses them, per op: (index of the op before it, index of the
         previous op on its slot if that is another one, else -1); op 0's entry is a placeholder."""
         return tuple((i - 1, prev if prev != i - 1 else -1) for i, (_, prev) in enumerate(self.links))
+
+    @cached_property
+    def prevs(self) -> tuple[_Prev, ...]:
+        """:data:`~distsim.sim.engine.PREV` per op: what :meth:`EventFlow.add_chain` writes before filling in the
+        ops that wait for more (:attr:`slot_lookups`)."""
+        return (PREV,) * len(self.links)
 
     @cached_property
     def slot_lookups(self) -> tuple[int, ...]:
