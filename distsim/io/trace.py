@@ -20,12 +20,15 @@ each event ran on, mapped onto the host's ``perf_counter`` by one ``anchor`` per
 each stream, and ``host_rows`` whether the host's launch spans are rows of a ``host`` stream (kind ``launch``; the
 last, ``synchronize``, ends the iteration on the host). Traces written before it have no ``timing``: their times are
 ``perf_counter`` spans, which on a GPU are kernel-launch spans, not the GPU's (:attr:`Trace.timing`).
+The Chrome trace written beside a measured trace (``*.chrome.json``, for viewers) is read back by
+:func:`chrome_rows`; :func:`chrome_gpus` maps its process ids to GPUs, for traces numbered either way (see there).
 This module is pure: reading and writing files lives in ``distsim.io.files``.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,3 +136,42 @@ class Trace:
         if not frames:
             raise TraceError(f"{where}: the trace has no measured iterations")
         return cls(plan, dict(data.get("provenance", {})), frames, list(data.get("losses", [])))
+
+
+def chrome_gpus(events: Iterable[dict[str, Any]]) -> dict[int, int]:
+    """Process id -> GPU of a Chrome trace distsim wrote, from its ``process_name`` metadata events.
+
+    GPU g is pid g + 1 (pid 0 is Perfetto's idle process), and the ``process_name`` event says so by giving the GPU
+    (``args.gpu``); traces written before that (the committed ``traces/*.chrome.json``) give none and have pid = GPU.
+    The marker is read per process, never guessed from the numbers."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            gpu = (e.get("args") or {}).get("gpu", e["pid"])
+            if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+                raise TraceError(f"process {e['pid']}: GPU {gpu!r} is not a GPU number")
+            out[e["pid"]] = gpu
+    return out
+
+
+def chrome_rows(data: dict[str, Any], where: str = "trace") -> pd.DataFrame:
+    """The slices of a Chrome trace distsim wrote as timeline rows: gpu, stream, kind, name, layer, stage,
+    microbatch, start_s and end_s (times from the trace's start; names without the `` mbN`` the trace adds)."""
+    try:
+        events = data["traceEvents"]
+        gpus = chrome_gpus(events)
+        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+                   if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+        rows = []
+        for e in (e for e in events if e.get("ph") == "X"):
+            args, name = e.get("args") or {}, e["name"]
+            mb = int(args.get("microbatch", -1))
+            if mb >= 0 and name.endswith(f" mb{mb}"):
+                name = name[: -len(f" mb{mb}")]
+            start = float(e["ts"]) * 1e-6
+            rows.append((gpus[e["pid"]], threads[e["pid"], e["tid"]], e["cat"], name, int(args.get("layer", -1)),
+                         int(args.get("stage", -1)), mb, start, start + float(e["dur"]) * 1e-6))  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TraceError(f"{where}: not a Chrome trace distsim wrote ({exc.__class__.__name__}: {exc})") from None
+    columns = ["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s"]
+    return pd.DataFrame(rows, columns=columns)

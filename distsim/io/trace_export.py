@@ -3,7 +3,8 @@
 The format follows the file name (:func:`trace_format`): ``*.json.gz`` is gzip-compressed JSON (Perfetto and
 chrome://tracing open it), ``*.pftrace`` / ``*.perfetto-trace`` is Perfetto's native protobuf format (a process track
 per GPU, a thread track per stream, interned names, about 70 bytes per slice against 150 in JSON), anything else
-is JSON.
+is JSON. No GPU is process 0, which Perfetto takes for the idle (swapper) process: in JSON GPU g is pid g + 1
+(:func:`json_pid`), in protobuf (g + 1) x 1000.
 
 Writers never materialise the expanded timeline: with ``expand`` every GPU a simulated GPU stands for gets that GPU's
 rows, encoded once per simulated GPU and copied with the GPU's ids patched in, so memory stays that of the
@@ -197,9 +198,18 @@ class TraceSource:
 
 
 # ----------------------------------------------------------------------------------------------------- events (dicts)
-def _metadata(src: TraceSource, gpu: int, pid: int) -> list[dict[str, Any]]:
+def json_pid(gpu: int) -> int:
+    """Process id of a GPU in a JSON trace: GPU + 1, since Perfetto takes pid 0 for the idle (swapper) process.
+
+    The process_name event also gives the GPU (``args.gpu``): that marks the traces numbered so, and readers
+    (:func:`distsim.io.trace.chrome_gpus`) map pids back by it; traces written before it have pid = GPU."""
+    return gpu + 1
+
+
+def _metadata(src: TraceSource, gpu: int) -> list[dict[str, Any]]:
+    pid = json_pid(gpu)
     out: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": src.label(gpu)}},
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": src.label(gpu), "gpu": gpu}},
         {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": gpu}},
     ]
     for i, s in enumerate(src.streams):
@@ -214,7 +224,7 @@ def iter_chrome_events(timeline: Timeline, expand: bool = False) -> Iterator[dic
     With `expand`, every GPU a simulated GPU stands for, without building the expanded timeline."""
     src = TraceSource(timeline, expand)
     for gpu, _ in src.gpus:
-        yield from _metadata(src, gpu, gpu)
+        yield from _metadata(src, gpu)
     for gpu, rep in src.gpus:
         idx = src.rows(rep)
         ts, dur = src.times_us(idx)
@@ -226,13 +236,13 @@ def iter_chrome_events(timeline: Timeline, expand: bool = False) -> Iterator[dic
                 args["layer"] = layer
             if mb >= 0:
                 args["microbatch"] = mb
-            yield {"name": src.display_name(name, mb), "cat": src.kind_names[kind], "ph": "X", "pid": gpu,
+            yield {"name": src.display_name(name, mb), "cat": src.kind_names[kind], "ph": "X", "pid": json_pid(gpu),
                    "tid": int(src.tid[stream]), "ts": t, "dur": d, "args": args}  # fmt: skip
 
 
 # -------------------------------------------------------------------------------------------------------- JSON text
 def _json_metadata(src: TraceSource, gpu: int) -> str:
-    return ",\n".join(json.dumps(e, separators=(",", ":")) for e in _metadata(src, gpu, gpu))
+    return ",\n".join(json.dumps(e, separators=(",", ":")) for e in _metadata(src, gpu))
 
 
 def _json_heads(src: TraceSource) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
@@ -278,7 +288,7 @@ def _write_json(out: _Out, src: TraceSource, title: str) -> None:
         out.write(((",\n" if i else "") + _json_metadata(src, gpu)).encode())
     mark = PID_MARK.encode()
     for gpu, rep, template in src.templates(lambda rep: _json_template(src, rep).encode()):
-        out.write(template.replace(mark, str(gpu).encode()), events=src.count(rep))
+        out.write(template.replace(mark, str(json_pid(gpu)).encode()), events=src.count(rep))
     out.write(b"\n]}\n")
 
 
@@ -392,15 +402,15 @@ def _proto_header(src: TraceSource) -> bytes:
     return first + pf.packet(pf.bytes_field(pf.PACKET_TRACK_DESCRIPTOR, root))
 
 
-def _pid(gpu: int) -> int:
-    """Process id of a GPU: (GPU + 1) x 1000, its streams' thread ids the next ones (pid 0 is the idle process, and
-    thread ids share the process ids' namespace)."""
+def _proto_pid(gpu: int) -> int:
+    """Process id of a GPU in a Perfetto protobuf trace: (GPU + 1) x 1000, its streams' thread ids the next ones
+    (pid 0 is the idle process, and thread ids share the process ids' namespace)."""
     return (gpu + 1) * 1000
 
 
 def _proto_descriptors(src: TraceSource, gpu: int, tracks: list[tuple[str, int]]) -> bytes:
     """A process track for the GPU and a thread track per stream (per lane of a stream whose slices overlap)."""
-    pid = _pid(gpu)
+    pid = _proto_pid(gpu)
     process = pf.uint_field(pf.PROCESS_PID, pid) + pf.str_field(pf.PROCESS_NAME, src.label(gpu))
     out = [
         pf.uint_field(pf.TRACK_UUID, _uuid(gpu, 0))
@@ -431,7 +441,7 @@ def _patched(template: _ProtoTemplate, gpu: int) -> bytes:
 
 def _write_proto(out: _Out, src: TraceSource) -> None:
     last = max((g for g, _ in src.gpus), default=0)
-    if _uuid(last + 1, 0) >= 1 << (7 * _UUID_BYTES) or _pid(last) + _UUID_STRIDE >= 1 << 31:
+    if _uuid(last + 1, 0) >= 1 << (7 * _UUID_BYTES) or _proto_pid(last) + _UUID_STRIDE >= 1 << 31:
         raise ValueError(f"GPU {last}: too many GPUs for this Perfetto trace layout")
     out.write(_proto_header(src))
     for gpu, _, template in src.templates(lambda rep: _proto_template(src, rep)):
@@ -553,7 +563,6 @@ def write_csv(fh: IO[str], timeline: Timeline, expand: bool = False) -> None:
         for gpu in sorted(rep_of):
             timeline.copied(rep_of[gpu], (gpu,), rows[rep_of[gpu]]).to_csv(fh, index=False, header=False)
         return
-
 
     def template(rep: int) -> str:
         rows = df.iloc[src.rows(rep)].copy()
