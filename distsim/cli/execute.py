@@ -24,7 +24,7 @@ from distsim.cli.common import (
     strategy_overrides,
 )
 from distsim.cli.megatron_job import global_batch_option, with_global_batch
-from distsim.cli.options import ExecuteArgs, StrategyOptions, TargetOptions
+from distsim.cli.options import ExecuteArgs, StrategyOptions, TargetOptions, rank_trace_options
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
 from distsim.io.output import check_output
@@ -60,6 +60,11 @@ from distsim.io.output import check_output
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic data.")
 @click.option("--out", "-o", default="trace.json", show_default=True, type=click.Path(dir_okay=False),
               help="Trace to write (with a Chrome trace of the median iteration, *.chrome.json).")  # fmt: skip
+@rank_trace_options("the median measured iteration, after the run", measured=True)
+@click.option("--torch-profiler", is_flag=True,
+              help="Each rank also records torch.profiler's (Kineto's) own trace of its measured iterations, to "
+              "<out stem>.torch/rank<r>.json: load that directory and --trace-dir's in HTA side by side. The "
+              "profiler's overhead is in the measured times.")  # fmt: skip
 @click.option("--emulate-nodes", type=click.IntRange(min=1), help="Launch all ranks on this machine as N nodes.")
 @click.option("--procs-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
 @click.option("--link-bandwidth", metavar="RATE", help="As root: shape the link between 2 emulated nodes (1gbit).")
@@ -87,6 +92,12 @@ def execute(**kw: Any) -> None:
     On real nodes run it under torchrun (as `distsim profile`). Then: distsim validate --trace traces/gpt2.json
 
     \b
+    Per-rank Kineto traces for Holistic Trace Analysis (HTA) or Perfetto, with torch.profiler's own beside them:
+      distsim execute ... --out run.json --trace-dir run.kineto --trace-format kineto --torch-profiler
+      python -c "from hta.trace_analysis import TraceAnalysis as T; \\
+          print(T(trace_dir='run.kineto').get_temporal_breakdown(visualize=False))"   # run.torch: the real trace
+
+    \b
     Elastic (EasyScale's ESTs; bit-identical parameters on 1, 2 or 4 ranks, and across a resume):
       distsim execute --elastic --max-workers 4 --model bert-cpu --steps 3 --emulate-nodes 1 --procs-per-node 2
     """
@@ -100,6 +111,7 @@ def execute(**kw: Any) -> None:
     from distsim.executor.worker import CONFIG_ENV
 
     check_output(args.run.out, "--out", stream_ok=False)
+    args.rank_traces.check(measured=True)
     burst, job = _plan_or_strategy(args.job, args.strategy)
     model, cluster = load_model_and_cluster(job)
     if any(b.op.startswith("torch:") for layer in model.layers for b in layer.blocks):
@@ -202,6 +214,8 @@ def _config(args: ExecuteArgs, job: TargetOptions, cluster: Any, strategy: Any, 
         emulation=emulation.to_dict() if emulation else {},
         command=invoked_command(),
         burst=_burst_form(burst, job) if burst else None,
+        trace_dir=os.path.abspath(args.rank_traces.trace_dir) if args.rank_traces.trace_dir else None,
+        torch_profiler=run.torch_profiler,
     )  # fmt: skip
 
 
@@ -215,7 +229,7 @@ USED_BY: dict[str, str] = {
     "warmup": PLAN, "seed": BOTH, "out": PLAN, "emulate_nodes": BOTH, "procs_per_node": BOTH, "link_bandwidth": PLAN,
     "timeout": BOTH, "check": PLAN, "force": PLAN, "elastic": BOTH, "max_workers": ELASTIC, "steps": ELASTIC,
     "checkpoint_out": ELASTIC, "resume": ELASTIC, "mask_tokens": ELASTIC, "params_out": ELASTIC,
-    "naive_allreduce": ELASTIC,
+    "naive_allreduce": ELASTIC, "trace_dir": PLAN, "trace_format": PLAN, "torch_profiler": PLAN,
 }  # fmt: skip
 """Which runs use each option of ``distsim execute``: a plan's (a strategy or a plan file, traced), an elastic one's
 (--elastic: P ESTs data-parallel, the whole model on each rank, no trace), or both. An option given on the command

@@ -141,10 +141,60 @@ class OutputOptions(Options):
     trace_path: str | None = None
     plot_path: str | None = None
     csv_path: str | None = None
+    table_path: str | None = None
     plan_out: str | None = None
     all_gpus: bool = False
     show_schedule: bool = False
     quiet: bool = False
+
+
+@dataclass(frozen=True)
+class RankTraceOptions(Options):
+    """``--trace-dir`` and ``--trace-format``: one trace file per rank (:mod:`distsim.io.rank_traces`), for tools
+    that read a distributed job's traces (Holistic Trace Analysis, Chakra)."""
+
+    trace_dir: str | None = None
+    trace_format: str | None = None
+
+    def check(self, measured: bool = False) -> None:
+        """One line now, before any work, for a half-given pair, a format a measured run cannot write, or a
+        directory that cannot be made."""
+        import click
+
+        if self.trace_format and not self.trace_dir:
+            raise click.UsageError("--trace-format needs --trace-dir DIR (where the per-rank files go)")
+        if self.trace_dir and not self.trace_format:
+            raise click.UsageError("--trace-dir needs --trace-format (kineto, or chakra for simulate)")
+        if not self.trace_dir:
+            return
+        from distsim.io.rank_traces import NEEDS_RESULT, check_directory, writer
+
+        if measured and self.trace_format in NEEDS_RESULT:
+            raise click.UsageError(f"--trace-format {self.trace_format} writes a simulation's event flow, which a "
+                                   "measured run has none of; use kineto (or distsim simulate for chakra)")  # fmt: skip
+        writer(self.trace_format)  # importable: a format this distsim lacks is refused before the run
+        check_directory(self.trace_dir)
+
+
+def rank_trace_options(run: str, measured: bool = False) -> Any:
+    """The --trace-dir and --trace-format options of a command that writes one trace per rank of `run` (a
+    `measured` run refuses chakra, which needs the simulated event flow: :meth:`RankTraceOptions.check`)."""
+    import click
+
+    chakra = ("chakra needs the simulated event flow: distsim simulate writes it" if measured
+              else "chakra, Chakra execution traces of the simulated event flow")  # fmt: skip
+
+    def decorate(f: Any) -> Any:
+        f = click.option("--trace-format", type=click.Choice(["kineto", "chakra"]), metavar="kineto|chakra",
+                         help="Format of the --trace-dir files. kineto: PyTorch-profiler (Kineto) JSON, what Holistic "
+                         "Trace Analysis reads (HTA: its get_temporal_breakdown() gives "
+                         "each rank's compute, non-compute = exposed communication, and idle time, as distsim "
+                         f"counts them) and Perfetto (ui.perfetto.dev) opens; {chakra}.")(f)  # fmt: skip
+        return click.option("--trace-dir", type=click.Path(file_okay=False), metavar="DIR",
+                            help=f"Write one trace file per rank of {run} into DIR (made if missing): "
+                            "<stem>.rank<gpu>.json (kineto), <stem>.<gpu>.et (chakra).")(f)  # fmt: skip
+
+    return decorate
 
 
 @dataclass(frozen=True)
@@ -183,6 +233,8 @@ class RunOptions(Options):
     check: str | None = None
     force: bool = False
     elastic: bool = False
+    torch_profiler: bool = False
+    """--torch-profiler: each rank records torch.profiler's trace of its measured iterations."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +260,7 @@ class ExecuteArgs(CommandArgs):
     launch: LaunchOptions
     run: RunOptions
     elastic: ElasticOptions
+    rank_traces: RankTraceOptions
 
 
 @dataclass(frozen=True)

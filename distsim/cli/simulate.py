@@ -50,8 +50,10 @@ from distsim.cli.options import (
     CostOptions,
     Options,
     OutputOptions,
+    RankTraceOptions,
     StrategyOptions,
     TargetOptions,
+    rank_trace_options,
 )
 from distsim.core.errors import DistsimError
 from distsim.core.schedules import SCHEDULES
@@ -194,6 +196,7 @@ from distsim.sim.flow.events import LINK_SHARING
     metavar="FILE",
     help=f"Write a Chrome/Perfetto trace, in the format its name gives ({TRACE_FORMATS}).",
 )
+@rank_trace_options("the simulated iteration (every GPU its own rank)")
 @click.option(
     "--plot",
     "plot_path",
@@ -203,9 +206,17 @@ from distsim.sim.flow.events import LINK_SHARING
 )
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), metavar="FILE", help="Write the timeline as CSV.")
 @click.option(
+    "--table",
+    "table_path",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write the timeline as a table in the format its name gives: *.parquet (dtypes kept, categoricals "
+    "included; needs pyarrow), *.csv or *.csv.gz (as --csv).",
+)
+@click.option(
     "--all-gpus",
     is_flag=True,
-    help="Write every GPU's rows to --trace/--csv (default: one row set per group of identical GPUs); large: "
+    help="Write every GPU's rows to --trace/--csv/--table (default: one row set per group of identical GPUs); large: "
     "prefer a *.pftrace trace.",
 )
 @click.option("--show-schedule", is_flag=True, help="Also print the schedule as a step x rank grid.")
@@ -233,7 +244,13 @@ def simulate(**kw: Any) -> None:
     Open the trace in https://ui.perfetto.dev (one process per GPU, one thread per stream).
     """
     args = SimulateArgs.from_params(**kw)
-    stdout_taken = check_outputs(args.outputs, {"trace_path": "--trace", "csv_path": "--csv"}, {"plot_path": "--plot"})
+    stdout_taken = check_outputs(args.outputs, {"trace_path": "--trace", "csv_path": "--csv", "table_path": "--table"},
+                                 {"plot_path": "--plot"})  # fmt: skip
+    if args.outputs.table_path:
+        from distsim.io.table import check_table
+
+        check_table(args.outputs.table_path)
+    args.rank_traces.check()
     megatron, job = _megatron(args.job, args.source)
     plan, job = _plan_or_strategy(job)
     model, cluster = load_model_and_cluster(job, args.costs)
@@ -269,6 +286,7 @@ def simulate(**kw: Any) -> None:
         collocated = collocate_from_options(args.background, background, model, cluster, target, costs, options,
                                             result, max_tasks=args.simulation.max_tasks)  # fmt: skip
     _write_outputs(result, args.outputs)
+    _write_rank_traces(result, args.rank_traces)
     _report(result, job, costs_given, costs, collocated, args.outputs, stdout_taken)
 
 
@@ -310,6 +328,7 @@ class SimulateArgs(CommandArgs):
     costs: CostOptions
     outputs: OutputOptions
     background: BackgroundOptions
+    rank_traces: RankTraceOptions
 
 
 def _plan_or_strategy(job: TargetOptions) -> tuple[Any, TargetOptions]:
@@ -430,18 +449,32 @@ def _announce(size: tuple[int, int], max_tasks: int) -> Progress | None:
 def _write_outputs(result: Any, outputs: OutputOptions) -> None:
     from distsim.io.files import write_figure, write_timeline_csv
 
-    if not (outputs.trace_path or outputs.csv_path or outputs.plot_path):
+    if not (outputs.trace_path or outputs.csv_path or outputs.table_path or outputs.plot_path):
         return
     title = f"{result.model.name} {result.label} on {result.cluster.name}"
     if outputs.trace_path:
         write_trace(outputs.trace_path, result.timeline, title, expand=outputs.all_gpus)
     if outputs.csv_path:
         write_timeline_csv(outputs.csv_path, result.timeline, expand=outputs.all_gpus)
+    if outputs.table_path:
+        from distsim.io.table import write_table
+
+        write_table(outputs.table_path, result.timeline, expand=outputs.all_gpus)
     if outputs.plot_path:
         from distsim.io.plots import gantt
 
         ax = gantt(result.timeline, title=f"{title}: {fmt_time(result.iteration_time_s)} per iteration")
         write_figure(outputs.plot_path, ax.figure)
+
+
+def _write_rank_traces(result: Any, options: RankTraceOptions) -> None:
+    """--trace-dir: one file per GPU of the iteration, in --trace-format."""
+    if not options.trace_dir or not options.trace_format:
+        return
+    from distsim.io.rank_traces import write_rank_traces
+
+    paths = write_rank_traces(options.trace_format, options.trace_dir, result=result)
+    click.echo(f"wrote {len(paths)} {options.trace_format} rank traces to {options.trace_dir}", err=True)
 
 
 def _load_note(provenance: dict[str, Any]) -> str:

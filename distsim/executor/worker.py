@@ -15,6 +15,7 @@ import platform
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,10 @@ class ExecuteConfig(WorkerConfig):
     """A burst plan's file form (:mod:`distsim.plans.burst`), run by :mod:`distsim.executor.burst`; `strategy` is
     then
     its schedule-level view (one stage, one batch)."""
+    trace_dir: str | None = None
+    """Rank 0 writes the median iteration as one Kineto trace per rank here (:mod:`distsim.io.kineto`)."""
+    torch_profiler: bool = False
+    """Each rank records torch.profiler's trace of its measured iterations (:func:`_torch_profiler`)."""
 
 
 def _log(message: str) -> None:
@@ -145,13 +150,48 @@ def _plan_runtime(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, r
 def _train(cfg: ExecuteConfig, runtime: Any, strategy: Any, rank: int, world: int, barrier: Any) -> None:
     """Run ``warmup + iterations`` training iterations (with ``cfg.check``, capturing iteration 0)."""
     total = cfg.warmup + cfg.iterations
+    profiler = _torch_profiler(cfg, runtime, rank) if cfg.torch_profiler else None
     for it in range(total):
         inject_fault(rank, str(it), _log)  # DISTSIM_FAULT=rank=R,at=ITERATION,mode=die|hang
         before, after = _capture(runtime, cfg, strategy, rank, world) if cfg.check and it == 0 else (None, None)
+        if profiler is not None and it == cfg.warmup:
+            profiler.start()
         runtime.run_iteration(it, barrier, before_step=before, after_step=after)
         runtime.zero_grad()
+        if profiler is not None and it >= cfg.warmup:
+            profiler.step()  # ends this iteration's ProfilerStep; the last one's ends the schedule and exports
         if rank == 0:
             _log(f"iteration {it + 1}/{total}{' (warm-up)' if it < cfg.warmup else ''}")
+    if profiler is not None:
+        profiler.stop()
+
+
+def torch_trace_path(out: str, rank: int) -> str:
+    """Where rank `rank` writes torch.profiler's trace: ``<out stem>.torch/rank<r>.json``, a directory of its own
+    (HTA reads every JSON file of a directory as some rank's trace, so it must not share distsim's)."""
+    return os.path.join(os.path.splitext(out)[0] + ".torch", f"rank{rank}.json")
+
+
+def _torch_profiler(cfg: ExecuteConfig, runtime: Any, rank: int) -> Any:
+    """A torch.profiler (Kineto) over the measured iterations, one ProfilerStep each, exported by every rank to
+    :func:`torch_trace_path` once the last one ends. Only with --torch-profiler: its hooks cost host time, which the
+    measured times then include; without it the iterations run as before."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if getattr(runtime.device, "type", str(runtime.device)) == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    path = torch_trace_path(cfg.out, rank)
+
+    def export(prof: Any) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        prof.export_chrome_trace(path)
+        _log(f"rank {rank}: wrote torch.profiler's trace {path}")
+
+    with warnings.catch_warnings():  # "won't be using warmup": distsim's own warm-up iterations ran before it
+        warnings.filterwarnings("ignore", message=".*warmup.*", category=UserWarning)
+        return profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=cfg.iterations, repeat=1),
+                       on_trace_ready=export)  # fmt: skip
 
 
 def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, burst: Any, runtime: Any,
@@ -167,6 +207,8 @@ def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, bu
     iterations = _assemble(gathered, offsets, cfg.warmup, total, cluster.gpus_per_node)
     loss_rows = _loss_rows(gathered, loss_ranks, strategy, burst, cfg.warmup, total)
     provenance = _trace_provenance(cfg, runtime, offsets, world, device)
+    if cfg.torch_profiler:  # its hooks' host time is in the measured times
+        provenance["torch_profiler"] = os.path.dirname(torch_trace_path(cfg.out, 0))
     plan = {"model": cfg.model, "cluster": cfg.cluster, "nodes": cfg.nodes, "strategy": cfg.strategy,
             "p2p_blocking": cfg.p2p_blocking, "seed": cfg.seed, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "emulation": cfg.emulation, "profile": cfg.profile}  # fmt: skip
@@ -178,6 +220,16 @@ def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, bu
     chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
     median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
     write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
+    if cfg.trace_dir:
+        from distsim.io.rank_traces import write_rank_traces
+
+        stem = os.path.basename(os.path.splitext(cfg.out)[0])
+        ranks = write_rank_traces("kineto", cfg.trace_dir, timeline=median, stem=stem,
+                                  backend=str(provenance.get("backend", "gloo")),
+                                  device_name=str(provenance.get("device", device)),
+                                  step=cfg.warmup + trace.median_index())  # fmt: skip
+        _log(f"wrote {len(ranks)} Kineto rank traces of iteration {cfg.warmup + trace.median_index()} to "
+             f"{cfg.trace_dir}")  # fmt: skip
     times = trace.iteration_times_s
     _log(
         f"wrote {cfg.out} and {chrome}: {len(times)} iterations, median {trace.median_iteration_s * 1e3:.1f} ms "

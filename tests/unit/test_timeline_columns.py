@@ -4,6 +4,8 @@ between which GPUs, the same whether one GPU per pipeline rank was simulated and
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -69,3 +71,21 @@ def test_expanded_csv_holds_each_gpus_own_groups() -> None:
     assert list(written.gpu) == list(expanded.gpu)
     assert list(written.group) == [str(g) for g in expanded.group]
     assert list(written.peer) == list(expanded.peer)
+
+
+def test_kineto_files_name_each_ranks_own_groups(tmp_path: Path) -> None:
+    """The per-rank Kineto export of a symmetric simulation gives every rank its own peers and groups: the same
+    files' (name, group, peer) as simulating every GPU."""
+    from distsim.io.kineto import write_kineto_traces
+
+    model, cluster = get_model("gpt2-345m"), get_cluster("dgx-h100").with_nodes(2)
+    strategy = Strategy(tp=2, pp=2, dp=4, num_micro_batches=1)
+    seen = []
+    for options in (FlowOptions(), FlowOptions(symmetric=False)):
+        out = tmp_path / str(options.symmetric)
+        out.mkdir()
+        paths = write_kineto_traces(simulate(model, cluster, strategy, options=options).timeline, out)
+        seen.append([sorted((e["name"], e["args"].get("group", ""), e["args"].get("peer", -1))
+                            for e in json.loads(p.read_text())["traceEvents"] if e.get("cat") == "kernel")
+                     for p in paths])  # fmt: skip
+    assert len(seen[0]) == 16 and seen[0] == seen[1]
