@@ -1,8 +1,16 @@
-"""The notebooks use the public API only, and run top to bottom in a real Jupyter kernel showing every figure.
+"""The notebooks use the public API only, are stored executed (every figure shows on the repository page), and run
+top to bottom in a real Jupyter kernel showing every figure.
 
-The slow test executes each notebook with nbclient (one ipykernel per notebook, in a temporary working directory) and
-checks what a Jupyter user sees: no cell fails, and every cell that calls a :mod:`distsim.io.plots` function shows an
-``image/png``. Plotting cells are found by parsing the cells, so a new plotting cell is checked without tagging it.
+The fast tests check what is stored: public imports, every code cell run in order without error, an ``image/png``
+stored for every cell that calls a :mod:`distsim.io.plots` function (plotting cells are found by parsing the cells, so
+a new plotting cell is checked without tagging it), no path of the machine that ran them, a small file. The slow test
+executes a copy of each notebook with nbclient (one ipykernel per notebook, in a temporary working directory: the
+stored files are never written) and checks what a Jupyter user sees: no cell fails, every plotting cell shows an
+``image/png``, and the cells show the kinds of output stored.
+
+After a change that alters what the notebooks show, store them again (about 15 s)::
+
+    python tests/integration/test_notebooks.py --store
 """
 
 from __future__ import annotations
@@ -11,7 +19,11 @@ import ast
 import base64
 import importlib
 import inspect
+import json
 import os
+import re
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -25,6 +37,10 @@ import distsim.io.plots
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["quickstart", "search", "deeppool"]
 PUBLIC_MODULES = ("distsim", "distsim.io.plots", "distsim.search", "distsim.io.files")
+MAX_BYTES = 1_500_000
+"""A stored notebook's size at most: its figures are PNGs at the inline backend's modest resolution."""
+MACHINE_PATH = re.compile(r"(?<![\w.])(/work|/tmp|/home|/root|/Users|/private|/var/folders)/|site-packages|[A-Z]:\\")
+"""What a path of the machine that ran a notebook looks like in its text outputs."""
 PLOT_FUNCTIONS = {
     name
     for name, obj in vars(distsim.io.plots).items()
@@ -93,17 +109,58 @@ def _plotting_cells(nb: nbformat.NotebookNode) -> list[int]:
     return found
 
 
+def _texts(output: nbformat.NotebookNode) -> list[str]:
+    """The text a reader sees of one output (figures' image data left out: base64 may spell anything)."""
+    if output.output_type == "stream":
+        return [output.text]
+    if output.output_type == "error":
+        return [output.ename, output.evalue, *output.traceback]
+    return [
+        v if isinstance(v, str) else json.dumps(v) for k, v in output.get("data", {}).items() if k.startswith("text/")
+    ]
+
+
+def _shown(cell: nbformat.NotebookNode) -> list[tuple[str, ...]]:
+    """What kinds of output a cell shows: (output type, stream name or mime types), in order."""
+    return [(o.output_type, o.name) if o.output_type == "stream" else (o.output_type, *sorted(o.get("data", {})))
+            for o in cell.get("outputs", [])]  # fmt: skip
+
+
+def execute(nb: nbformat.NotebookNode, cwd: Path) -> None:
+    """Run every cell of `nb` in order, in place, in one fresh python3 kernel started in `cwd` (anything the notebook
+    writes lands there); a cell that raises stops the run with CellExecutionError, naming the cell and its traceback.
+    No timestamps are recorded, so storing the result again changes only what the cells show."""
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", record_timing=False, resources={"metadata": {"path": str(cwd)}}
+    ).execute()
+
+
+def _kernel_imports_this_distsim() -> None:
+    """The kernel must import the distsim under test (a checkout, or an install): put it first on the kernel's path."""
+    root = str(Path(distsim.__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_is_public_api_and_stored_small(name: str) -> None:
+def test_notebook_is_public_api_and_stored_executed(name: str) -> None:
     nb = _read(name)
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     assert code, f"{name}.ipynb has no code cells"
-    for i, cell in code:
+    store = "store them again: python tests/integration/test_notebooks.py --store"
+    for k, (i, cell) in enumerate(code, start=1):
         private = _private_imports(_parse(cell.source))
         assert not private, f"{name}.ipynb cell {i} imports a private module: {private}"
-        # outputs are made by running the notebook (the slow test); stored ones would go stale and grow the repository
-        assert not cell.outputs and cell.execution_count is None, f"{name}.ipynb cell {i} is stored with its outputs"
-    assert _plotting_cells(nb), f"{name}.ipynb calls no distsim.io.plots function"
+        assert cell.execution_count == k, f"{name}.ipynb cell {i} is not stored run in order from the top; {store}"
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"{name}.ipynb cell {i} is stored failing: {errors[0].ename}; {store}"
+        paths = [m.group(0) for o in cell.outputs for text in _texts(o) for m in [MACHINE_PATH.search(text)] if m]
+        assert not paths, f"{name}.ipynb cell {i} shows a path of the machine that ran it: {paths[0]}"
+    plotting = _plotting_cells(nb)
+    assert plotting, f"{name}.ipynb calls no distsim.io.plots function"
+    for i in plotting:
+        assert any("image/png" in o.get("data", {}) for o in nb.cells[i].outputs), f"{name}.ipynb cell {i}: no figure"
+    size = (NOTEBOOKS / f"{name}.ipynb").stat().st_size
+    assert size < MAX_BYTES, f"{name}.ipynb is {size:,} bytes stored; make its figures smaller"
 
 
 def test_plot_figures_display_as_png_without_pyplot() -> None:
@@ -133,16 +190,16 @@ def test_plot_figures_display_as_png_without_pyplot() -> None:
 def test_notebook_runs_in_a_kernel_and_shows_its_figures(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stored = _read(name)  # read into memory: the run below changes this copy, never the stored file
     nb = _read(name)
     plotting = _plotting_cells(nb)
-    # the kernel must import the distsim under test (a checkout, or an install): put it first on the kernel's path,
-    # and have a last cell report which one it imported
-    root = str(Path(distsim.__file__).resolve().parents[1])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    nb.cells.append(nbformat.v4.new_code_cell("import distsim\nprint(distsim.__file__, end='')"))
-    # one kernel for the whole notebook, started in tmp_path so that anything the notebook writes lands there;
-    # a cell that raises stops the run with CellExecutionError, naming the cell and its traceback
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # restored after the test
+    _kernel_imports_this_distsim()
+    for cell in nb.cells:  # what the run shows is what it made
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.cells.append(nbformat.v4.new_code_cell("import distsim\nprint(distsim.__file__, end='')"))  # which distsim ran
+    execute(nb, tmp_path)
 
     kernel_distsim = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert Path(kernel_distsim).resolve() == Path(distsim.__file__).resolve(), f"the kernel imported {kernel_distsim}"
@@ -154,3 +211,25 @@ def test_notebook_runs_in_a_kernel_and_shows_its_figures(
         shown = [o.get("data", {}).get("text/plain", o.output_type) for o in nb.cells[i].outputs]
         assert images, f"{name}.ipynb cell {i} calls distsim.io.plots but shows no image, only {shown}"
         assert all(base64.b64decode(png).startswith(b"\x89PNG\r\n\x1a\n") for png in images)
+    for i, (ran, kept) in enumerate(zip(nb.cells, stored.cells, strict=False)):
+        assert _shown(ran) == _shown(kept), (
+            f"{name}.ipynb cell {i} now shows {_shown(ran)}, stored {_shown(kept)}: "
+            "store the notebooks again (python tests/integration/test_notebooks.py --store)"
+        )
+
+
+def store(names: list[str]) -> None:
+    """Run each notebook in a temporary directory and store it with its outputs (what the repository page shows)."""
+    _kernel_imports_this_distsim()
+    for name in names:
+        nb = _read(name)
+        with tempfile.TemporaryDirectory() as cwd:
+            execute(nb, Path(cwd))
+        nbformat.write(nb, NOTEBOOKS / f"{name}.ipynb")
+        print(f"stored {name}.ipynb: {(NOTEBOOKS / f'{name}.ipynb').stat().st_size:,} bytes")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1:2] != ["--store"]:
+        sys.exit(f"usage: python {Path(__file__).name} --store [NOTEBOOK ...]  (run and store the notebooks)")
+    store(sys.argv[2:] or NAMES)
