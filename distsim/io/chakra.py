@@ -17,9 +17,11 @@ one on another rank's other work is dropped (a collective synchronises its membe
 host launches are not exported, but what waits for them waits for what they waited for (a kernel released by a launch
 waits for what the launch waited for), so no ordering on the rank is lost.
 
-A symmetric flow simulates one GPU per pipeline rank; every GPU it stands for gets its nodes, with peers and groups
-of its own coordinate from the placement (design (a): a full per-GPU export of a cheap simulation). A symmetric flow
-without a placement (a burst plan's classes) is refused: simulate it with ``--full``.
+Which GPUs a communication spans is what the timeline's columns say (:mod:`distsim.sim.timeline`): the flow's
+``members`` (a transfer's sender and receiver, a collective's group), else, for a template's tp, ep or cp op, the
+placement's group (``model_group``). A symmetric flow simulates one GPU per pipeline rank; every GPU it stands for gets
+its nodes, with its own peers and groups (``GroupMap.moved``; design (a): a full per-GPU export of a cheap
+simulation). A symmetric flow without a placement (a burst plan's classes) is refused: simulate it with ``--full``.
 
 The pure part (:func:`chakra_ranks`, :class:`EtNode`) needs no Chakra; writing needs ``mlc-chakra``.
 """
@@ -45,6 +47,7 @@ from distsim.sim.flow.events import (
     STREAMS,
     EventFlow,
 )
+from distsim.sim.timeline import GroupMap, model_group
 
 if TYPE_CHECKING:
     from distsim.plans.result import SimResult
@@ -108,12 +111,12 @@ class ChakraRanks:
     end_s: list[float]
     deps: list[tuple[int, ...]]
     """Per exported task: the exported tasks it waits for (through skipped ones); empty for the others."""
-    ends: dict[int, tuple[int, int]]
-    """Transfer task -> (simulated sender, simulated receiver); one whose ends coincide is not exported."""
     on_gpu: dict[int, list[int]]
-    """Simulated GPU -> the exported tasks it takes part in, in order."""
+    """Simulated GPU -> the exported tasks it takes part in, in order (a transfer: on its sender's and receiver's)."""
     groups: dict[tuple[int, ...], str] = field(default_factory=dict)
     """Process group (ranks) -> its ``pg_name``, numbered as first met."""
+    _seen: dict[tuple[Any, ...], tuple[int, ...]] = field(default_factory=dict, repr=False)
+    """What :meth:`instance` found, by (members or kind, GPU they are moved from, rank): most tasks repeat one."""
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -123,6 +126,13 @@ class ChakraRanks:
     @cached_property
     def _sim_of(self) -> dict[int, int]:
         return {g: sim for sim, gs in self.flow.represents.items() for g in gs}
+
+    @cached_property
+    def _moves(self) -> GroupMap | None:
+        """How a simulated GPU's groups and peers read on the GPUs it stands for; None when every GPU was
+        simulated (each reads its own)."""
+        flow = self.flow
+        return GroupMap(flow.placement.grid) if flow.symmetric and flow.placement is not None else None
 
     def simulated(self, rank: int) -> int:
         """The simulated GPU whose tasks `rank` runs."""
@@ -137,38 +147,36 @@ class ChakraRanks:
                     self.pg_name(self.group(task, rank))
         return self.groups
 
-    def counterpart(self, rank: int, gpu: int) -> int:
-        """The GPU that simulated `gpu` stands for at `rank`'s coordinate: in a symmetric flow, the GPU of `gpu`'s
-        pipeline rank with `rank`'s replica and tp rank (transfers and tied copies pair equal coordinates)."""
+    def instance(self, task: int, rank: int, end: int | None = None) -> tuple[int, ...]:
+        """The GPUs of communication `task` as `rank` runs it, as the timeline's columns name them (one way for the
+        project to say it): the flow's :attr:`~distsim.sim.flow.events.EventFlow.members` (a transfer's sender and
+        receiver, a collective's group) moved to `rank` (:meth:`GroupMap.moved`; `end`: the member whose place
+        `rank` takes, by default `rank`'s simulated GPU); a template's tp, ep or cp op, `rank`'s group in the
+        placement (:func:`model_group`)."""
         flow = self.flow
-        if not flow.symmetric:
-            return gpu
-        assert flow.placement is not None
-        coords = flow.placement.coords
-        _, d, t = coords[rank]
-        return int(flow.placement.grid[coords[gpu][0], d, t])
+        members = flow.members.get(task)
+        if members is None:
+            kind = flow.kind[task]
+            if kind not in (K_TP, K_EP, K_CP) or flow.placement is None:
+                raise DistsimError(f"Chakra export: no group for a {KINDS[kind]} task ({flow.name[task]})")
+            key: tuple[Any, ...] = (kind, rank)
+            found = self._seen.get(key)
+            if found is None:
+                found = self._seen[key] = model_group(flow, rank, kind)
+            return found
+        moves = self._moves
+        if moves is None:
+            return members
+        src = self.simulated(rank) if end is None else members[end]
+        key = (members, src, rank)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = moves.moved(members, src, rank)
+        return found
 
     def group(self, task: int, rank: int) -> tuple[int, ...]:
-        """The ranks of collective `task` as `rank` runs it."""
-        flow = self.flow
-        members = tuple(dict.fromkeys(g for g, _ in flow.slots[task]))
-        if not flow.symmetric:
-            return tuple(sorted(members))
-        if len(members) > 1:  # across pipeline ranks (tied copies): the same coordinate on each
-            return tuple(sorted(self.counterpart(rank, g) for g in members))
-        placement, strategy, kind = flow.placement, flow.strategy, flow.kind[task]
-        assert placement is not None
-        r, d, t = placement.coords[rank]
-        if kind == K_TP:
-            inst = placement.tp_groups(r)[d]
-        elif kind == K_DP:
-            inst = placement.dp_groups(r)[t]
-        elif kind in (K_EP, K_CP):
-            k = strategy.ep if kind == K_EP else strategy.cp
-            inst = placement.replica_groups(r, k)[(d // k) * strategy.tp + t]
-        else:
-            raise DistsimError(f"Chakra export: no group for a {KINDS[kind]} task ({flow.name[task]})")
-        return tuple(sorted(inst.gpus))
+        """The ranks of collective `task` as `rank` runs it, in order."""
+        return tuple(sorted(self.instance(task, rank)))
 
     def pg_name(self, group: tuple[int, ...]) -> str:
         name = self.groups.get(group)
@@ -187,13 +195,12 @@ class ChakraRanks:
             attrs: list[tuple[str, Any]] = [("is_cpu_op", False)]
             stream = next(s for g, s in flow.slots[task] if g == sim) if kind != K_P2P else None
             if kind == K_P2P:
-                src, dst = self.ends[task]
-                ntype = SEND if src == sim else RECV
-                peer = self.counterpart(rank, dst if ntype == SEND else src)
-                pair = (rank, peer) if ntype == SEND else (peer, rank)
+                sending = self._sim_of[flow.members[task][0]] == sim
+                ntype = SEND if sending else RECV
+                src, dst = self.instance(task, rank, end=0 if sending else 1)
                 ck = CommKey.parse(flow.keys[flow.key[task]])
-                attrs += [("comm_src", pair[0]), ("comm_dst", pair[1]), ("comm_tag", task), ("comm_size", ck.nbytes)]
-                if ntype == SEND:
+                attrs += [("comm_src", src), ("comm_dst", dst), ("comm_tag", task), ("comm_size", ck.nbytes)]
+                if sending:
                     stream = flow.slots[task][0][1]
             elif kind in COLLECTIVE_KINDS:
                 ntype = COLL
@@ -232,46 +239,33 @@ def chakra_ranks(result: SimResult) -> ChakraRanks:
     flow = result.flow
     if flow.symmetric and flow.placement is None:
         raise DistsimError("Chakra export of a symmetric plan simulation is not supported: simulate it with --full")
+    sim_of = {g: sim for sim, gs in flow.represents.items() for g in gs}
     exported = [k not in SKIPPED for k in flow.kind]
-    ends = transfer_ends(flow)
-    for task, (src, dst) in ends.items():
-        if src == dst:  # a transfer within one GPU: nothing to send, only an ordering
-            exported[task] = False
     on_gpu: dict[int, list[int]] = {}
     for task, keep in enumerate(exported):
         if not keep:
             continue
-        gpus = ends[task] if task in ends else dict.fromkeys(g for g, _ in flow.slots[task])
+        if flow.kind[task] == K_P2P:
+            gpus = dict.fromkeys(sim_of[g] for g in transfer_pair(flow, task))
+            if len(gpus) == 1:  # a transfer within one GPU: nothing to send, only an ordering
+                exported[task] = False
+                continue
+        else:
+            gpus = dict.fromkeys(g for g, _ in flow.slots[task])
         for g in gpus:
             on_gpu.setdefault(g, []).append(task)
     deps = effective_deps(flow, exported)
-    return ChakraRanks(flow, list(result.tasks.start_s), list(result.tasks.end_s), deps, ends, on_gpu)
+    return ChakraRanks(flow, list(result.tasks.start_s), list(result.tasks.end_s), deps, on_gpu)
 
 
-def transfer_ends(flow: EventFlow) -> dict[int, tuple[int, int]]:
-    """Transfer task -> (sender, receiver), simulated GPUs. The sender holds the task's first slot; the receiver is
-    its other slot's GPU (a transfer that holds a link at both ends), else the GPU of the tasks that wait for its
-    data: those not on one of its streams (which wait for it only as the next in line). When that is a group (a
-    collective starts the receiving stage), the placement pairs equal coordinates."""
-    transfers = [i for i, k in enumerate(flow.kind) if k == K_P2P]
-    waiting: dict[int, set[int]] = {i: set() for i in transfers}
-    for task, deps in enumerate(flow.deps):
-        for d in deps:
-            found = waiting.get(d)
-            if found is not None and not set(flow.slots[task]) & set(flow.slots[d]):
-                found.update(g for g, _ in flow.slots[task])
-    out = {}
-    for i in transfers:
-        src = flow.slots[i][0][0]
-        others = {g for g, _ in flow.slots[i][1:]} - {src} or waiting[i] - {src}
-        if len(others) > 1 and flow.placement is not None:
-            coords = flow.placement.coords
-            others = {g for g in others if coords[g][1:] == coords[src][1:]}
-        if len(others) != 1:
-            where = "no GPU waits for it" if not others else f"GPUs {sorted(others)} wait for it"
-            raise DistsimError(f"Chakra export: cannot tell where transfer {flow.name[i]!r} goes ({where})")
-        out[i] = (src, others.pop())
-    return out
+def transfer_pair(flow: EventFlow, task: int) -> tuple[int, ...]:
+    """Transfer `task`'s (sender, receiver), as the flow recorded them. A re-distribution among more GPUs (a burst
+    plan's) records the GPUs that move, not who sends to whom: it has no send/receive pair to export."""
+    members = flow.members.get(task, ())
+    if len(members) != 2:
+        raise DistsimError(f"Chakra export: cannot tell where transfer {flow.name[task]!r} goes "
+                           f"(it moves among GPUs {list(members)})")  # fmt: skip
+    return members
 
 
 def effective_deps(flow: EventFlow, exported: list[bool]) -> list[tuple[int, ...]]:

@@ -233,7 +233,9 @@ class _BurstBuilder(CommWriter):
         rep = self.rep
         deps = list(dict.fromkeys(done[(layer, rep[g])] for g in senders))
         tid = flow.add(cost.seconds, slots, K_P2P, name, producer, producer, -1, key, deps)
-        flow.members[tid] = tuple(movers)
+        receivers = [g for g, n in moved.received.items() if n]
+        # a transfer between two GPUs is (sender, receiver), as EventFlow.members says; a wider move its GPUs in order
+        flow.members[tid] = (senders[0], receivers[0]) if len(senders) == len(receivers) == 1 else tuple(movers)
         return tid
 
     def waits(self, src_layer: int, dst_layer: int, g: int, done: dict[tuple[int, int], int], moved: int | None,

@@ -259,7 +259,7 @@ def comm_columns(flow: Any, idx: np.ndarray, gpu: np.ndarray, kind: np.ndarray) 
     model_parallel = np.isin(kind, (K_TP, K_EP, K_CP)) & (group == 0)
     if model_parallel.any() and flow.placement is not None:
         pairs = np.unique(np.stack([gpu[model_parallel], kind[model_parallel]], axis=1), axis=0)
-        code = {(g, k): labels.setdefault(_ranges(_model_group(flow, g, k)), len(labels)) for g, k in pairs.tolist()}
+        code = {(g, k): labels.setdefault(_ranges(model_group(flow, g, k)), len(labels)) for g, k in pairs.tolist()}
         group[model_parallel] = [code[(g, k)] for g, k in zip(gpu[model_parallel].tolist(),
                                                               kind[model_parallel].tolist(), strict=True)]  # fmt: skip
     s, d = src[idx], dst[idx]
@@ -272,9 +272,11 @@ def comm_columns(flow: Any, idx: np.ndarray, gpu: np.ndarray, kind: np.ndarray) 
     }
 
 
-def _model_group(flow: Any, gpu: int, kind: int) -> tuple[int, ...]:
+def model_group(flow: Any, gpu: int, kind: int) -> tuple[int, ...]:
     """The tensor- (K_TP), expert- (K_EP) or context-parallel (K_CP) group of `gpu` in a uniform strategy's
-    placement: its tp ranks, or its block of ep (cp) replicas."""
+    placement: its tp ranks, or its block of ep (cp) replicas. The flow does not record these ops' groups
+    (:attr:`~distsim.sim.flow.events.EventFlow.members`), so every reader that names them (these columns, the
+    Chakra export) asks here."""
     from distsim.sim.flow.events import K_EP, K_TP
 
     grid = flow.placement.grid

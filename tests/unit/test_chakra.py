@@ -216,3 +216,15 @@ def test_bad_input_is_one_line(
     monkeypatch.setitem(__import__("sys").modules, "chakra.schema.protobuf", None)
     with pytest.raises(DistsimError, match="pip install mlc-chakra"):
         write_chakra_traces(result, tmp_path)
+
+
+def test_a_redistribution_among_more_than_two_gpus_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A burst plan's re-distribution records the GPUs that move (``EventFlow.members``), not who sends to whom:
+    there is no send/receive pair to export, so it is refused rather than guessed."""
+    from distsim.plans import burst_plan
+
+    model, cluster = get_model("gpt2-345m"), get_cluster("dgx-h100").with_nodes(1)
+    plan = burst_plan(model, cluster, [2, 4] + [2] * (len(model.layers) - 2), 8)
+    result = simulate(model, cluster, plan, options=FlowOptions(symmetric=False))
+    with pytest.raises(DistsimError, match=r"where transfer .* goes \(it moves among GPUs \[0, 1, 2, 3\]\)"):
+        write_chakra_traces(result, tmp_path)
