@@ -117,7 +117,10 @@ def simulate(
     t0 = time.perf_counter()
     costs = costs if costs is not None else AnalyticCosts(cluster)
     options = options or FlowOptions()
-    with shared_partitions():  # the estimate, the flow and its memory resolve one partition: balanced once
+    # the estimate, the flow and its memory resolve one partition: balanced once; and the garbage collector waits
+    # until the result is handed over (see engine.paused_gc): a flow is hundreds of thousands of small containers
+    # and no cycles, and the first allocation after a pause that ended inside the call would scan them all
+    with shared_partitions(), engine.paused_gc():
         return _simulate(model, cluster, strategy, costs, options, samples, seed, max_tasks, progress, estimate, t0)
 
 
@@ -137,16 +140,15 @@ def _simulate(
     if estimate is None:
         estimate = estimate_size(model, cluster, strategy, costs, options, samples)
     check_size(*estimate, max_tasks)
-    with engine.paused_gc():  # see there: halves the build of a large flow
-        options, plan = _resolve(model, cluster, strategy, options, samples)
-        model = rank_view(model, plan.strategy.ep, plan.strategy.cp)  # a rank's experts and tokens (ep, cp)
-        kind = PLAN_KINDS[plan.kind]
-        flow = kind.build_flow(model, cluster, plan, costs, options)
-        sampled: list[float] | None = None
-        if samples > 0:
-            result, sampled = _stochastic(flow, samples, seed, progress)
-        else:
-            result = network.run_flow(flow)  # fair link sharing: NICs shared in time (SimPy); else the longest path
+    options, plan = _resolve(model, cluster, strategy, options, samples)
+    model = rank_view(model, plan.strategy.ep, plan.strategy.cp)  # a rank's experts and tokens (ep, cp)
+    kind = PLAN_KINDS[plan.kind]
+    flow = kind.build_flow(model, cluster, plan, costs, options)
+    sampled: list[float] | None = None
+    if samples > 0:
+        result, sampled = _stochastic(flow, samples, seed, progress)
+    else:
+        result = network.run_flow(flow)  # fair link sharing: NICs shared in time (SimPy); else the longest path
     memory = kind.memory(model, cluster, plan, flow)
     elapsed = time.perf_counter() - t0
     strategy = plan.strategy if plan.kind == "uniform" else flow.strategy
