@@ -95,54 +95,57 @@ def run(
     release list may hold :class:`ChainRelease` items (an event flow's compact form). Raises ``RuntimeError`` on a
     cycle."""
     n = len(duration_s)
-    after: dict[int, list[tuple[int, float]]] = {}
+    after: list[list[tuple[int, float]] | None] = [None] * n  # task -> (host task, offset) of its releases
     for h, pairs in (releases or {}).items():
         for item in pairs:
             if type(item) is ChainRelease:
                 first, base, ends = item.first, item.base, item.ends
                 for i in item.indices:
-                    j = first + i
-                    if j in after:
-                        after[j].append((h, base + ends[i]))
+                    got = after[first + i]
+                    if got is None:
+                        after[first + i] = [(h, base + ends[i])]
                     else:
-                        after[j] = [(h, base + ends[i])]
+                        got.append((h, base + ends[i]))
             else:
                 j, offset = item  # type: ignore[misc]
-                after.setdefault(j, []).append((h, offset))
+                got = after[j]
+                if got is None:
+                    after[j] = [(h, offset)]
+                else:
+                    got.append((h, offset))
     start = [0.0] * n
     end = [0.0] * n
-    if not _longest_path(range(n), duration_s, deps, after, start, end):
+    if not _in_id_order(duration_s, deps, after, start, end):
         _longest_path(_topological_order(n, deps, after), duration_s, deps, after, start, end)
     return EngineResult(start, end)
 
 
-def _longest_path(
-    order: Iterable[int],
+def _in_id_order(
     duration_s: Sequence[float],
     deps: Sequence[Sequence[int]],
-    after: Mapping[int, Sequence[tuple[int, float]]],
+    after: Sequence[Sequence[tuple[int, float]] | None],
     start: list[float],
     end: list[float],
 ) -> bool:
-    """Fill `start` and `end` in `order`; False (and stop) at a task whose dependency comes later in it (ids only:
-    `order` must be ``range(n)`` or a topological order)."""
-    by_id = isinstance(order, range)
+    """Fill `start` and `end` task by task in id order, the order every builder adds tasks in; False (and stop) at a
+    task that waits for a later one (the caller then sorts them: :func:`_topological_order`)."""
     prev = PREV
-    for j in order:
+    for j in range(len(duration_s)):
         ds = deps[j]
         if ds is prev:  # the task before it alone, which ended at or after 0
             s = end[j - 1]
         else:
             s = 0.0
             for d in ds:
-                if by_id and d >= j:
+                if d >= j:
                     return False
                 e = end[d]
                 if e > s:
                     s = e
-        if j in after:
-            for h, offset in after[j]:
-                if by_id and h >= j:
+        released = after[j]
+        if released is not None:
+            for h, offset in released:
+                if h >= j:
                     return False
                 t = start[h] + offset
                 if t > s:
@@ -152,14 +155,35 @@ def _longest_path(
     return True
 
 
+def _longest_path(
+    order: Iterable[int],
+    duration_s: Sequence[float],
+    deps: Sequence[Sequence[int]],
+    after: Sequence[Sequence[tuple[int, float]] | None],
+    start: list[float],
+    end: list[float],
+) -> None:
+    """Fill `start` and `end` in `order`, a topological order of the tasks."""
+    prev = PREV
+    for j in order:
+        ds = deps[j]
+        s = end[j - 1] if ds is prev else max((end[d] for d in ds), default=0.0)
+        for h, offset in after[j] or ():
+            t = start[h] + offset
+            if t > s:
+                s = t
+        start[j] = s
+        end[j] = s + duration_s[j]
+
+
 def _topological_order(
-    n: int, deps: Sequence[Sequence[int]], after: Mapping[int, Sequence[tuple[int, float]]]
+    n: int, deps: Sequence[Sequence[int]], after: Sequence[Sequence[tuple[int, float]] | None]
 ) -> list[int]:
     """Kahn's order (smallest ready id first); ``RuntimeError`` naming some tasks on a cycle."""
     dependents: list[list[int]] = [[] for _ in range(n)]
     waiting = [0] * n
     for j in range(n):
-        preds = ([j - 1] if deps[j] is PREV else list(deps[j])) + [h for h, _ in after.get(j, ())]
+        preds = ([j - 1] if deps[j] is PREV else list(deps[j])) + [h for h, _ in after[j] or ()]
         waiting[j] = len(preds)
         for d in preds:
             dependents[d].append(j)

@@ -52,6 +52,16 @@ class CommWriter:
         self.last_dp: dict[int, int] = {}  # gpu -> its last gradient all-reduce (or reduce-scatter) task
         self.sharding = SHARDINGS[flow.strategy.optimizer_sharding]
         self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
+        self._slots: dict[tuple[int, int], tuple[tuple[int, int]]] = {}  # (gpu, stream) -> the one-slot tuple
+
+    def slot(self, g: int, stream: int) -> tuple[tuple[int, int]]:
+        """The slots of a task on one stream of GPU g: one tuple per (gpu, stream), shared by every such task (a
+        large flow holds hundreds of thousands of them)."""
+        key = (g, stream)
+        out = self._slots.get(key)
+        if out is None:
+            out = self._slots[key] = (key,)
+        return out
 
     def comm_slots(self, stream: int, scope: str, gpus: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
@@ -107,11 +117,13 @@ class CommWriter:
             return
         for g in gpus:
             if g in self.speed:
-                self.flow.add(seconds, ((g, S_COMPUTE),), K_SHADOW, "overlapped communication", -1, stage, mb, key,
-                              list(deps))  # fmt: skip
+                self.flow.add(seconds, self.slot(g, S_COMPUTE), K_SHADOW, "overlapped communication", -1, stage, mb,
+                              key, list(deps))  # fmt: skip
 
-    def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int) -> int:
-        """One activation or gradient transfer between two GPUs after the sender's task `dep`; returns its task."""
+    def p2p(self, inst: CommInstance, nbytes: int, what: str, src_vs: int, dst_vs: int, mb: int, dep: int,
+            name: str | None = None) -> int:  # fmt: skip
+        """One activation or gradient transfer between two GPUs after the sender's task `dep` (named `name`, by
+        default "`what` `src_vs`->`dst_vs`"); returns its task."""
         flow = self.flow
         sharers = self.sharers(inst)
         known = (nbytes, inst.scope, sharers)
@@ -126,14 +138,15 @@ class CommWriter:
         key, dur, shadow, ev, alone_s = priced
         src = inst.gpus[0]
         # with serialize the transfer holds the link at both ends
-        slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else ((src, S_P2P),)
+        slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else self.slot(src, S_P2P)
         if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
             slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
-        tid = flow.add(dur, slots, K_P2P, f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
+        tid = flow.add(dur, slots, K_P2P, name or f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
         flow.members[tid] = inst.gpus
         if self.fair:
             self.network_task(tid, inst, ev, alone_s)
-        self.shadow(shadow, (src,), [dep], src_vs, mb, key)
+        if shadow > 0:
+            self.shadow(shadow, (src,), [dep], src_vs, mb, key)
         return tid
 
     def allreduce(
@@ -242,8 +255,8 @@ class CommWriter:
                     waits = [flow._last[(g, S_COMPUTE)]]
                 launch = cost.launch_s or flow.cluster.gpu.kernel_launch_s
                 host = self.launch(g, launch, waits, stage, -1, "launch optimizer step")
-            tid = flow.add(cost.seconds * self.speed[g], ((g, S_COMPUTE),), K_OPT, "optimizer step", -1, stage, -1,
-                           key, deps)  # fmt: skip
+            tid = flow.add(cost.seconds * self.speed[g], self.slot(g, S_COMPUTE), K_OPT, "optimizer step", -1, stage,
+                           -1, key, deps)  # fmt: skip
             if host is not None:
                 flow.release(host, tid, flow.duration_s[host])
             out[g] = tid
@@ -254,7 +267,7 @@ class CommWriter:
         launches and after the tasks it `waits` for (a receive whose data it needs, the gradients before the
         optimizer step). Kernels released by it start no earlier than their launch ends (:meth:`EventFlow.release`).
         """
-        return self.flow.add(seconds, ((g, S_HOST),), K_LAUNCH, name, -1, stage, mb, -1, waits)
+        return self.flow.add(seconds, self.slot(g, S_HOST), K_LAUNCH, name, -1, stage, mb, -1, waits)
 
 
 def compute_after(ctx: SyncContext) -> dict[int, float]:

@@ -140,6 +140,8 @@ class _Builder(CommWriter):
         self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
         self.loss: dict[tuple[int, int, int, int], int] = {}  # (vs, mb, d, t) -> the last stage's forward end
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
+        self.sends: dict[tuple[int, str], tuple] = {}  # (stage, op) -> what send() sends after it (_send_plan)
+        self.gpu_of: dict[tuple[int, int, int], int] = {}  # (rank, replica, tp rank) -> GPU, read from the grid once
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
         self.after: list[dict[int, float]] = []  # per pipeline rank: backward compute after each layer's (last mb)
@@ -410,7 +412,9 @@ class _Builder(CommWriter):
             frontier = [self.incoming.pop((a.stage, "B", a.microbatch, d, t))]
         else:
             frontier = []
-        g = int(self.grid[r, d, t])
+        g = self.gpu_of.get((r, d, t))
+        if g is None:
+            g = self.gpu_of[(r, d, t)] = int(self.grid[r, d, t])
         chains = self._chains(a.stage, d, a.op, g, cuts)
         host, offset = None, 0.0
         if self.host:  # the host waits for the received data, then enqueues the action's kernels
@@ -462,23 +466,33 @@ class _Builder(CommWriter):
             for j, t in enumerate(self.lanes_t):
                 self.loss[(a.stage, a.microbatch, d, t)] = last[j]
             return
+        plan = self.sends.get((a.stage, a.op))
+        if plan is None:
+            plan = self.sends[(a.stage, a.op)] = self._send_plan(r, a)
+        if not plan:
+            return
+        dst_vs, what, nbytes, name, pairs = plan
+        for j, t in enumerate(self.lanes_t):
+            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j], name)
+            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+
+    def _send_plan(self, r: int, a: Action) -> tuple[int, str, int, str, Sequence[CommInstance]] | tuple[()]:
+        """What :meth:`send` sends after an action of `a`'s stage and op (the same for every micro-batch): the
+        destination stage, what it is, its bytes, the transfer's name and the rank pair's instances; () for none."""
         if a.op == "F" and a.stage < self.num_stages - 1:
             dst_vs, what = a.stage + 1, "act"
         elif a.op == "B" and a.stage > 0:
             dst_vs, what = a.stage - 1, "grad"
         else:
-            return
+            return ()
         flow = self.flow
-        boundary = min(a.stage, dst_vs)
-        cut = flow.stage_ranges[boundary][1] - 1
+        cut = flow.stage_ranges[min(a.stage, dst_vs)][1] - 1
         nbytes = round(flow.model.boundary_bytes[cut] * flow.strategy.micro_batch_size)
         dst_r = dst_vs % self.pp
         pairs = self.pairs.get((r, dst_r))
         if pairs is None:
             pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
-        for j, t in enumerate(self.lanes_t):
-            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j])
-            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+        return dst_vs, what, nbytes, f"{what} {a.stage}->{dst_vs}", pairs
 
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
