@@ -60,6 +60,10 @@ from distsim.io.output import check_output
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the synthetic data.")
 @click.option("--out", "-o", default="trace.json", show_default=True, type=click.Path(dir_okay=False),
               help="Trace to write (with a Chrome trace of the median iteration, *.chrome.json).")  # fmt: skip
+@click.option("--table", "table_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the median measured iteration's timeline as a table in the format its name gives: "
+              "*.parquet (dtypes kept, categoricals included; needs pyarrow), *.csv or *.csv.gz (as simulate's "
+              "--table).")  # fmt: skip
 @rank_trace_options("the median measured iteration, after the run", measured=True)
 @click.option("--torch-profiler", is_flag=True,
               help="Each rank also records torch.profiler's (Kineto's) own trace of its measured iterations, to "
@@ -111,6 +115,10 @@ def execute(**kw: Any) -> None:
     from distsim.executor.worker import CONFIG_ENV
 
     check_output(args.run.out, "--out", stream_ok=False)
+    if args.run.table_path:
+        from distsim.io.table import check_table
+
+        check_table(args.run.table_path)
     args.rank_traces.check(measured=True)
     burst, job = _plan_or_strategy(args.job, args.strategy)
     model, cluster = load_model_and_cluster(job)
@@ -216,6 +224,7 @@ def _config(args: ExecuteArgs, job: TargetOptions, cluster: Any, strategy: Any, 
         burst=_burst_form(burst, job) if burst else None,
         trace_dir=os.path.abspath(args.rank_traces.trace_dir) if args.rank_traces.trace_dir else None,
         torch_profiler=run.torch_profiler,
+        table=os.path.abspath(run.table_path) if run.table_path else None,
     )  # fmt: skip
 
 
@@ -230,6 +239,7 @@ USED_BY: dict[str, str] = {
     "timeout": BOTH, "check": PLAN, "force": PLAN, "elastic": BOTH, "max_workers": ELASTIC, "steps": ELASTIC,
     "checkpoint_out": ELASTIC, "resume": ELASTIC, "mask_tokens": ELASTIC, "params_out": ELASTIC,
     "naive_allreduce": ELASTIC, "trace_dir": PLAN, "trace_format": PLAN, "torch_profiler": PLAN,
+    "table_path": PLAN,
 }  # fmt: skip
 """Which runs use each option of ``distsim execute``: a plan's (a strategy or a plan file, traced), an elastic one's
 (--elastic: P ESTs data-parallel, the whole model on each rank, no trace), or both. An option given on the command

@@ -235,6 +235,8 @@ class RunOptions(Options):
     elastic: bool = False
     torch_profiler: bool = False
     """--torch-profiler: each rank records torch.profiler's trace of its measured iterations."""
+    table_path: str | None = None
+    """--table: the median measured iteration's timeline as a table (Parquet or CSV)."""
 
 
 @dataclass(frozen=True)

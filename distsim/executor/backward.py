@@ -76,7 +76,7 @@ class _Open:
     key: BlockKey
     start: Mark
     host: float
-    comms: list[tuple[Mark, Mark]]
+    comms: list[tuple[Mark, Mark, int]]
     tapped: bool
 
 

@@ -45,6 +45,7 @@ from distsim.core.models.graph import Model
 from distsim.executor import data
 from distsim.executor.backward import BackwardTimer
 from distsim.executor.clock import clock_for
+from distsim.executor.keys import group_text, nbytes
 from distsim.executor.model import build_modules, unique_parameters, vocab_weight
 from distsim.executor.recorder import Meta, Recorder
 from distsim.executor.runtime import Runtime, _Adam
@@ -169,10 +170,11 @@ class BurstRuntime(Runtime):
         if out_pieces or in_pieces:
             host = self.clock.now()
             start = self.clock.mark()
-            works = []
+            works, handed = [], []
             for lo, hi, b in out_pieces:
                 assert local is not None
-                works.append(dist.isend(local[lo - first : hi - first].detach().contiguous(), b))
+                handed.append(local[lo - first : hi - first].detach().contiguous())
+                works.append(dist.isend(handed[-1], b))
             for lo, hi, a in in_pieces:
                 assert sample is not None
                 shape, dtype = sample
@@ -181,7 +183,8 @@ class BurstRuntime(Runtime):
             for work in works:
                 work.wait()
             end = self.clock.mark()
-            self.recorder.send(key, meta, start if out_pieces else end, end, (host, self.clock.now()))
+            info = _move_info(moves, me, nbytes(*handed, *received.values()))
+            self.recorder.send(key, meta, start if out_pieces else end, end, (host, self.clock.now()), info)
             if in_pieces:
                 self.recorder.received(key, end)
         if me not in dst:
@@ -251,8 +254,9 @@ class BurstRuntime(Runtime):
             return None
         meta: Meta = ("dp", "dp_allreduce", f"grads {self.model.layers[v].name}", v, v, -1)
         group = self._group(self.layouts[v])
+        info = ("", nbytes(self.grad_buffer[part]), -1, group_text(self.layouts[v]))
         if not async_op:
-            with self.recorder.span(*meta):
+            with self.recorder.span(*meta, info):
                 dist.all_reduce(self.grad_buffer[part], group=group)
             return None
         host = self.clock.now()
@@ -261,7 +265,7 @@ class BurstRuntime(Runtime):
             work = dist.all_reduce(self.grad_buffer[part], group=group, async_op=True)
             end = self.clock.completion(work)
         self.recorder.launched(meta, host, self.clock.now())
-        return work, meta, start, end
+        return work, meta, start, end, info
 
     def _tied_all_reduce(self, i: int, t: int) -> None:
         """The copies of a tied pair on different layouts: every copy ends with the sum of both layers' gradients."""
@@ -271,9 +275,10 @@ class BurstRuntime(Runtime):
         name = f"tied grads {self.model.layers[i].name}~{self.model.layers[i].tied_to}"
         grads = [(len(self.layouts[li]), vocab_weight(self.modules[(li, 0)]).grad) for li in (t, i)
                  if self.rank in self.layouts[li]]  # fmt: skip
-        with self.recorder.span("dp", "dp_allreduce", name, i, i, -1):  # in place in the gradient buffer
-            (n, first), *others = grads
-            assert first is not None
+        (n, first), *others = grads
+        assert first is not None
+        info = ("", nbytes(first), -1, group_text(union))
+        with self.recorder.span("dp", "dp_allreduce", name, i, i, -1, info):  # in place in the gradient buffer
             first.div_(n)
             for n, g in others:
                 first.add_(g, alpha=1 / n)
@@ -313,9 +318,9 @@ class BurstRuntime(Runtime):
                 pending += [self._all_reduce(u, async_op=True) for u in bucket.layers if self.rank in self.layouts[u]]
         for issued in pending:
             if issued is not None:
-                work, meta, start, end = issued
+                work, meta, start, end, info = issued
                 self.clock.wait(work, end)
-                self.recorder.add(meta, start, end)
+                self.recorder.add(meta, start, end, info=info)
         held = set(self.layers)
         for bucket in self.sync_plan.at_end:
             for v in bucket.layers:
@@ -338,3 +343,12 @@ class BurstRuntime(Runtime):
             lo, hi = self.shards[-1][self.rank]
             self.losses += [x * (hi - lo) / self.batch for x in torch.stack(self.loss_values).float().tolist()]
             self.loss_values = []
+
+
+def _move_info(moves: list[tuple[int, int, int, int]], me: int, size: int) -> tuple[str, int, int, str]:
+    """A re-distribution's row on rank `me`: no key (the simulator prices the busiest GPU's bytes on a scope this
+    rank does not know), the bytes this rank sent and received, the other rank where only two move, and the ranks
+    that move samples (the simulator's transfer spans them)."""
+    movers = sorted({g for _lo, _hi, a, b in moves if a != b for g in (a, b)})
+    peer = next((g for g in movers if g != me), -1) if len(movers) == 2 else -1
+    return "", size, peer, group_text(movers)

@@ -50,6 +50,7 @@ from distsim.core.sync import MODES, SHARDINGS, Bucket, GradUnit, SyncContext, S
 from distsim.executor import data
 from distsim.executor.backward import BackwardTimer
 from distsim.executor.clock import clock_for
+from distsim.executor.keys import EventKeys, group_text, nbytes
 from distsim.executor.model import build_modules, unique_parameters
 from distsim.executor.recompute import checkpointed, rank_recomputed
 from distsim.executor.recorder import Meta, Recorder, RecordingComm
@@ -127,6 +128,11 @@ class Runtime:
             by_name = {b.name: b for b in self.buckets}
             self.gathers = [by_name[g.name] for g in self.gathers]
         self.optimizer: _Adam | Zero1 = self.zero or _Adam(self.params, lr)
+        self.keys = EventKeys(model, strategy, placement, stage_ranges, placement.coords[rank],
+                              self.dp == 1 or self.grad_units() == self.simulated_units())  # fmt: skip
+        """The simulator's keys of this rank's events (:mod:`distsim.executor.keys`)."""
+        self.recorder.keys, self.recorder.tp_group = self.keys, group_text(self.grid[self.pipe_rank, self.replica])
+        self._infos: dict[tuple[str, bool], tuple[str, int, int, str]] = {}
         self.recomputed = rank_recomputed(model, strategy, stage_ranges, self.pipe_rank)
         """This rank's layers whose forward runs again before their backward (:mod:`distsim.executor.recompute`)."""
         self.chained = self._chained_layers()
@@ -293,7 +299,8 @@ class Runtime:
                     self.pending.append((works[-1], t))
             end = self.clock.mark() if self.p2p_blocking else self.clock.enqueued(works)
         meta: Meta = (stream, "p2p", f"{what} {src_vs}->{vs}", -1, src_vs, mb)
-        self.recorder.send(key, meta, start, end, (host, self.clock.now()))
+        info = (self.keys.p2p(src_vs, vs), nbytes(*tensors), dst, group_text((self.rank, dst)))
+        self.recorder.send(key, meta, start, end, (host, self.clock.now()), info)
 
     def _recv(self, n: int, vs: int, phase: str, dst_vs: int, mb: int, iteration: int) -> list[Tensor]:
         src = self._peer(vs)
@@ -417,6 +424,17 @@ class Runtime:
             return self.zero.reduce_scatter(bucket.name, async_op)
         return dist.all_reduce(self.grad_buffer[bucket.part], group=self.groups["dp"], async_op=async_op)
 
+    def _bucket_info(self, bucket: GradBucket, gather: bool = False) -> tuple[str, int, int, str]:
+        """A bucket's collective's key, bytes (its slice of the gradient or, gathered, parameter buffer: padded
+        under ZeRO-1), no peer, and the data-parallel group; worked out once (asked inside every iteration)."""
+        known = self._infos.get((bucket.name, gather))
+        if known is None:
+            key = self.keys.gather(bucket.bucket) if gather else self.keys.bucket(bucket.bucket)
+            size = self.zero.param_buffer.element_size() if gather and self.zero else self.grad_buffer.element_size()
+            group = group_text(self.grid[self.pipe_rank, :, self.tp_rank])
+            known = self._infos[(bucket.name, gather)] = (key, (bucket.part.stop - bucket.part.start) * size, -1, group)
+        return known
+
     def _issue(self, bucket: GradBucket, vs: int) -> None:
         """Synchronise a bucket asynchronously during backward (stage vs), as DDP and WFBP do."""
         assert bucket.bucket.ready is not None
@@ -427,22 +445,26 @@ class Runtime:
             work = self._sync(bucket, async_op=True)
             end = self.clock.completion(work)
         self.recorder.launched(meta, host, self.clock.now())
-        self._syncs.append((work, meta, start, end))
+        self._syncs.append((work, meta, start, end, self._bucket_info(bucket)))
 
     def _finish_grads(self) -> None:
         """Wait for the buckets issued during backward, then synchronise those that wait for the whole backward and
         all-reduce the tied embedding copies (Megatron-LM's ``finalize_model_grads`` order)."""
-        for work, meta, start, end in self._syncs:
+        for work, meta, start, end, info in self._syncs:
             self.clock.wait(work, end)
-            self.recorder.add(meta, start, end)
+            self.recorder.add(meta, start, end, info=info)
         self._syncs = []
         for bucket in self.buckets:
             if bucket.bucket.ready is None:
-                with self.recorder.span("dp", "dp_allreduce", bucket.name, -1, self.pipe_rank, -1):
+                with self.recorder.span("dp", "dp_allreduce", bucket.name, -1, self.pipe_rank, -1,
+                                        self._bucket_info(bucket)):  # fmt: skip
                     self._sync(bucket, async_op=False)
         if "tied" in self.groups:
             li, param, name = self.groups["tied_param"]
-            with self.recorder.span("dp", "dp_allreduce", name, li, self.pipe_rank, -1):
+            target = self.model.index[self.model.layers[li].tied_to]
+            info = (self.keys.tied(li, target), nbytes(param.grad), -1, group_text(dist.get_process_group_ranks(
+                self.groups["tied"])))  # fmt: skip
+            with self.recorder.span("dp", "dp_allreduce", name, li, self.pipe_rank, -1, info):
                 dist.all_reduce(param.grad, group=self.groups["tied"])
 
     # ------------------------------------------------------------------------------------------------ iteration
@@ -464,11 +486,13 @@ class Runtime:
         if before_step is not None:
             self._read_losses()
             before_step()
-        with self.recorder.span("compute", "optimizer", "optimizer step", -1, self.pipe_rank, -1):
+        with self.recorder.span("compute", "optimizer", "optimizer step", -1, self.pipe_rank, -1,
+                                (self.keys.optimizer, 0, -1, "")):  # fmt: skip
             self.optimizer.step()
         for bucket in self.gathers:  # ZeRO-1: every rank stepped its shards; all-gather the parameters
             layer = -1 if bucket.bucket.ready is None else bucket.bucket.ready
-            with self.recorder.span("gather", "dp_allreduce", gather_name(bucket.name), layer, self.pipe_rank, -1):
+            with self.recorder.span("gather", "dp_allreduce", gather_name(bucket.name), layer, self.pipe_rank, -1,
+                                    self._bucket_info(bucket, gather=True)):  # fmt: skip
                 assert self.zero is not None
                 self.zero.gather(bucket.name)
         if after_step is not None:

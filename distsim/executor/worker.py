@@ -3,8 +3,9 @@
 Every rank builds its part of the plan, trains ``warmup + iterations`` steps on synthetic data and records its events
 (on a GPU from CUDA events, mapped onto the host clock per iteration: :mod:`distsim.executor.clock`); rank 0 gathers
 them once every rank has finished, aligns the clocks (one machine shares CLOCK_MONOTONIC; ranks on other hosts are
-offset by a ping-pong estimate against rank 0), and writes the trace (plus a Chrome trace of the median iteration).
-Nothing is written if any rank fails.
+offset by a ping-pong estimate against rank 0), and writes the trace (plus a Chrome trace of the median iteration,
+and with ``--table`` that iteration's timeline as a table). Each row carries what the rank recorded of its event
+beyond its times (key, bytes, peer, group: :mod:`distsim.executor.keys`). Nothing is written if any rank fails.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class ExecuteConfig(WorkerConfig):
     """Rank 0 writes the median iteration as one Kineto trace per rank here (:mod:`distsim.io.kineto`)."""
     torch_profiler: bool = False
     """Each rank records torch.profiler's trace of its measured iterations (:func:`_torch_profiler`)."""
+    table: str | None = None
+    """Rank 0 writes the median iteration's timeline here as a table (:func:`distsim.io.table.write_table`)."""
 
 
 def _log(message: str) -> None:
@@ -220,6 +223,11 @@ def _write_trace(cfg: ExecuteConfig, model: Any, cluster: Any, strategy: Any, bu
     chrome = os.path.splitext(cfg.out)[0] + ".chrome.json"
     median = trace.timeline(trace.median_index(), cluster.gpus_per_node)
     write_chrome_trace(chrome, median, f"measured {model.name} {burst.notation() if burst else strategy}")
+    if cfg.table:
+        from distsim.io.table import write_table
+
+        write_table(cfg.table, median)
+        _log(f"wrote iteration {cfg.warmup + trace.median_index()}'s timeline to {cfg.table}")
     if cfg.trace_dir:
         from distsim.io.rank_traces import write_rank_traces
 
@@ -372,8 +380,14 @@ def _clock_offsets(rank: int, world: int, device: Any) -> dict[int, float]:
 
 # ---------------------------------------------------------------------------------------------------- results
 def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total: int, gpus_per_node: int) -> list[Any]:
-    """Per measured iteration, a DataFrame in the Timeline schema with times from the iteration's start."""
+    """Per measured iteration, a DataFrame in the Timeline schema with times from the iteration's start, and what
+    each row says beyond them (:data:`distsim.sim.timeline.COMM_COLUMNS`, from the recorders' ``row_info`` and
+    ``send_info``; a row without any says nothing)."""
     import pandas as pd
+
+    from distsim.executor.keys import NO_INFO
+    from distsim.io.trace import comm_dtypes
+    from distsim.sim.timeline import COMM_COLUMNS
 
     recv_end: dict[tuple[Any, ...], float] = {}
     send_start: dict[tuple[Any, ...], float] = {}
@@ -388,16 +402,20 @@ def _assemble(gathered: list[Any], offsets: dict[int, float], warmup: int, total
         rows = []
         for rank, rec, _l in gathered:
             shift = offsets[rank] + origin
-            for row_it, (stream, kind, name, layer, stage, mb, start, end) in rec.rows:
+            info = getattr(rec, "row_info", {})
+            for i, (row_it, (stream, kind, name, layer, stage, mb, start, end)) in enumerate(rec.rows):
                 if row_it == it:
-                    rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end - shift))
-            for row_it, key, (stream, kind, name, layer, stage, mb, start, end) in rec.p2p_sends:
+                    rows.append((rank, stream, kind, name, layer, stage, mb, start - shift, end - shift,
+                                 *info.get(i, NO_INFO)))  # fmt: skip
+            info = getattr(rec, "send_info", {})
+            for i, (row_it, key, (stream, kind, name, layer, stage, mb, start, end)) in enumerate(rec.p2p_sends):
                 if row_it == it:  # a transfer ends when its receiver has it (and not before the sender is done)
                     end = max(end - shift, recv_end.get((it, *key), end - offsets[rank]) - origin)
                     start = send_start[(it, *key)] - origin
-                    rows.append((rank, stream, kind, name, layer, stage, mb, start, end))
-        df = pd.DataFrame(rows, columns=["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s",
-                                         "end_s"])  # fmt: skip
+                    rows.append((rank, stream, kind, name, layer, stage, mb, start, end, *info.get(i, NO_INFO)))
+        columns = ["gpu", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s", *COMM_COLUMNS]
+        df = comm_dtypes(pd.DataFrame(rows, columns=columns))
+        df = df.astype({"stream": "category", "kind": "category", "name": "category"})  # as a trace file reads
         df.insert(1, "node", df["gpu"] // gpus_per_node)
         frames.append(df.sort_values(["gpu", "start_s", "end_s"], kind="stable").reset_index(drop=True))
     return frames

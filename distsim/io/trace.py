@@ -12,7 +12,11 @@ Schema (JSON, ``schema: distsim-trace``, ``version: 1``)::
       "iterations": [{"iteration": 2, "columns": {"gpu": [...], "node": [...], "stream": [...], ...}}, ...]
     }
 
-Every iteration's times start at 0 (the earliest rank's start of that iteration); columns are the Timeline schema.
+Every iteration's times start at 0 (the earliest rank's start of that iteration); columns are the Timeline schema,
+with :data:`~distsim.sim.timeline.COMM_COLUMNS` (``key``, ``bytes``, ``peer``, ``group``: what the executor recorded of
+each event, :mod:`distsim.executor.keys`). Traces written before those columns lack them and read with
+:data:`COMM_DEFAULTS` (no key, 0 bytes, no peer, no group); the version stays 1, since a reader of either kind reads
+both (an older reader takes only the columns it knows).
 
 ``provenance.timing`` says how the times were taken (:mod:`distsim.executor.clock`): ``device_clock`` is
 ``perf_counter`` (CPU: the host's span of each synchronous call) or ``cuda_event`` (GPU: CUDA events on the stream
@@ -38,7 +42,7 @@ import pandas as pd
 from distsim.core.checks import positive_int
 from distsim.core.errors import DistsimError
 from distsim.sim.metrics import iteration_time
-from distsim.sim.timeline import COLUMNS, Timeline
+from distsim.sim.timeline import COLUMNS, COMM_COLUMNS, Timeline
 
 SCHEMA = "distsim-trace"
 VERSION = 1
@@ -46,6 +50,22 @@ PLAN_KEYS = ("model", "cluster", "nodes", "strategy", "p2p_blocking")
 HOST_TIMING: dict[str, Any] = {"device_clock": "perf_counter", "host_clock": "perf_counter", "host_rows": False,
                                "anchor": None}  # fmt: skip
 """``provenance.timing`` of a trace that records none (written before it existed): host-clock spans."""
+COMM_DEFAULTS: dict[str, Any] = {"key": "", "bytes": 0, "peer": -1, "group": ""}
+"""The :data:`~distsim.sim.timeline.COMM_COLUMNS` of a row that says nothing beyond its times (every row of a trace
+written before them)."""
+
+
+def comm_dtypes(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the :data:`~distsim.sim.timeline.COMM_COLUMNS` as a simulated timeline has them (categorical key and
+    group, int64 bytes, int32 peer), each one it lacks filled with its :data:`COMM_DEFAULTS`."""
+    for c, default in COMM_DEFAULTS.items():
+        if c not in df.columns:
+            df[c] = default
+    df["key"] = df["key"].astype(str).astype("category")
+    df["group"] = df["group"].astype(str).astype("category")
+    df["bytes"] = df["bytes"].astype(np.int64)
+    df["peer"] = df["peer"].astype(np.int32)
+    return df
 
 
 class TraceError(DistsimError):
@@ -74,7 +94,10 @@ class Trace:
         return on_gpu and self.timing.get("device_clock") != "cuda_event"
 
     def timeline(self, i: int, gpus_per_node: int) -> Timeline:
-        return Timeline(self.iterations[i].copy(), gpus_per_node)
+        """Measured iteration i as a timeline, with :data:`~distsim.sim.timeline.COMM_COLUMNS` (their defaults for
+        frames built without them)."""
+        df = self.iterations[i].copy()
+        return Timeline(df if set(COMM_COLUMNS) <= set(df.columns) else comm_dtypes(df), gpus_per_node)
 
     @property
     def iteration_times_s(self) -> list[float]:
@@ -100,7 +123,9 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         iterations = []
         for i, df in enumerate(self.iterations):
-            cols = {c: (df[c].astype(str) if c in ("stream", "kind", "name") else df[c]).tolist() for c in COLUMNS}
+            names = [*COLUMNS, *(c for c in COMM_COLUMNS if c in df.columns)]
+            cols = {c: (df[c].astype(str) if c in ("stream", "kind", "name", "key", "group") else df[c]).tolist()
+                    for c in names}  # fmt: skip
             iterations.append({"iteration": int(self.plan.get("warmup", 0)) + i, "columns": cols})
         return {"schema": SCHEMA, "version": VERSION, "plan": self.plan, "provenance": self.provenance,
                 "losses": self.losses, "iterations": iterations}  # fmt: skip
@@ -127,6 +152,7 @@ class Trace:
                 df = pd.DataFrame({c: cols[c] for c in COLUMNS})
                 for c in ("stream", "kind", "name"):
                     df[c] = df[c].astype("category")
+                df = comm_dtypes(df.assign(**{c: cols[c] for c in COMM_COLUMNS if c in cols}))
                 times = df[["start_s", "end_s"]].to_numpy(dtype=float)
                 if not np.isfinite(times).all():
                     raise TraceError(f"{where}: iteration {len(frames)} has a start_s or end_s that is not finite")

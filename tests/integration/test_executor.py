@@ -107,7 +107,8 @@ def test_trace_has_the_timeline_schema_and_every_event(tmp_path: Path) -> None:
     trace = json.loads(out.read_text())
     assert trace["schema"] == "distsim-trace" and len(trace["iterations"]) == 2
     cols = trace["iterations"][0]["columns"]
-    assert list(cols) == ["gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s"]
+    assert list(cols) == ["gpu", "node", "stream", "kind", "name", "layer", "stage", "microbatch", "start_s", "end_s",
+                          "key", "bytes", "peer", "group"]  # fmt: skip
     kinds = set(cols["kind"])
     assert {"forward", "backward", "p2p", "optimizer", "dp_allreduce"} <= kinds  # dp: the tied embedding copies
     forwards = [(g, n, m) for g, k, n, m in zip(cols["gpu"], cols["kind"], cols["name"], cols["microbatch"],
@@ -121,6 +122,9 @@ def test_trace_has_the_timeline_schema_and_every_event(tmp_path: Path) -> None:
         spans = sorted((s, e) for g, st, k, s, e in zip(cols["gpu"], cols["stream"], cols["kind"], cols["start_s"],
                        cols["end_s"], strict=True) if g == gpu and st == "compute" and k != "p2p")  # fmt: skip
         assert all(e <= s2 for (_, e), (s2, _) in itertools.pairwise(spans))
+    from tests.integration.test_measured_columns import assert_columns_are_the_simulators
+
+    assert_columns_are_the_simulators(out)  # the transfers' and the tied copies' key, bytes, peer and group
 
 
 @pytest.mark.parametrize(
