@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from distsim.core.models.graph import Model
 from distsim.core.models.ops import AttentionOp
 from distsim.core.partition import rank_layers
-from distsim.core.schedules import Action, Schedule, peak_in_flight
+from distsim.core.schedules import Action, Schedule
 from distsim.core.strategy import Strategy
 from distsim.sim.flow.recompute import eligible_layers
 from distsim.sim.flow.recompute import recomputed_layers as flow_recomputed
@@ -117,18 +117,44 @@ def layer_activations(model: Model, i: int, tp: int, sequence_parallel: bool, mo
     return LayerActivations(full, 0.0, full, scores)
 
 
-def part_at_peak(actions: Sequence[Action], total: dict[int, float], part: dict[int, float]) -> float:
-    """The `part` of a rank's in-flight weight at the moment its `total` first peaks (what
-    :func:`~distsim.core.schedules.peak_in_flight` of `total` reports): e.g. the attention scores of the peak's
-    activations."""
-    live = live_part = peak = at = 0.0
+@dataclass(frozen=True)
+class _Peaks:
+    activations: float
+    in_flight: float
+    unrecomputed: float
+    scores_at_peak: float
+    stages: frozenset[int]
+
+
+def _peaks(actions: Sequence[Action], kept: dict[int, float], unrecomputed: dict[int, float],
+           scores: dict[int, float]) -> _Peaks:  # fmt: skip
+    """In one pass over a rank's actions (a grid search checks the memory of every configuration): the peaks of its
+    in-flight `kept` and `unrecomputed` activation bytes and micro-batch count (each
+    :func:`~distsim.core.schedules.peak_in_flight`, summed in the same order: equal to the last bit), the in-flight
+    `scores` at the moment `kept` first peaks (the attention scores of the peak's activations), and the stages it
+    runs."""
+    live = peak = count = peak_count = lost = peak_lost = live_scores = at = 0.0
+    stages = set()
     for a in actions:
-        sign = 1.0 if a.op == "F" else -1.0
-        live += sign * total[a.stage]
-        live_part += sign * part[a.stage]
+        stage = a.stage
+        stages.add(stage)
+        if a.op == "F":
+            live += kept[stage]
+            count += 1.0
+            lost += unrecomputed[stage]
+            live_scores += 1.0 * scores[stage]
+        else:
+            live += -kept[stage]
+            count += -1.0
+            lost += -unrecomputed[stage]
+            live_scores += -1.0 * scores[stage]
         if live > peak:
-            peak, at = live, live_part
-    return at
+            peak, at = live, live_scores
+        if count > peak_count:
+            peak_count = count
+        if lost > peak_lost:
+            peak_lost = lost
+    return _Peaks(peak, peak_count, peak_lost, at, frozenset(stages))
 
 
 def recomputed_layers(model: Model, strategy: Strategy, stage_ranges: tuple[tuple[int, int], ...]) -> frozenset[int]:
@@ -281,26 +307,26 @@ def estimate_memory(
     zero = strategy.optimizer_sharding
     out = []
     for r, actions in enumerate(schedule.ranks):
+        peaks = _peaks(actions, kept, unrecomputed, scores)
         held = rank_layers(stage_ranges, strategy.pp, r)
         shard = model.rank_params(held, tp)
         gathered = 0.0
         if zero == "zero3" and d > 1:
             largest = max((model.stored_params(i, set(held), tp) for i in held), default=0.0)
             gathered = ZERO3_GATHERED_LAYERS * largest * p.param_bytes
-        stages = {a.stage for a in actions}
         out.append(
             MemoryEstimate(
                 rank=r,
                 params_bytes=shard * p.param_bytes / (d if zero == "zero3" else 1),
                 grads_bytes=shard * p.grad_bytes / (d if zero in ("zero2", "zero3") else 1),
                 optimizer_bytes=shard * p.optimizer_bytes / d,
-                activations_bytes=peak_in_flight(actions, kept),
-                in_flight_microbatches=peak_in_flight(actions),
+                activations_bytes=peaks.activations,
+                in_flight_microbatches=peaks.in_flight,
                 capacity_bytes=capacity_bytes,
-                recompute_bytes=max((rebuilt[vs] for vs in stages), default=0.0),
+                recompute_bytes=max((rebuilt[vs] for vs in peaks.stages), default=0.0),
                 gathered_params_bytes=gathered,
-                unrecomputed_activations_bytes=peak_in_flight(actions, unrecomputed),
-                attention_scores_bytes=part_at_peak(actions, kept, scores),
+                unrecomputed_activations_bytes=peaks.unrecomputed,
+                attention_scores_bytes=peaks.scores_at_peak,
                 unsharded_states_bytes=shard * p.state_bytes_per_param,
                 recompute=strategy.recompute,
                 sequence_parallel=sp,
