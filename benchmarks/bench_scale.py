@@ -10,7 +10,10 @@ child, from ``os.wait4``). The children compile their modules once, into a bytec
 (``PYTHONPYCACHEPREFIX``, even where ``PYTHONDONTWRITEBYTECODE`` is set), and one untimed run of each size comes
 first, so that the figures are those of an installed package, not of compiling it.
 
-Run: python benchmarks/bench_scale.py [--repeats 5] [--gpus 1024,8192,65536,131072]
+With ``--full GPUS`` one more command simulates every GPU of that size (``--full``: nothing stands for its peers)
+once, after the table: the acceptance figure of issue 24 is ``--full 8192`` in under 4 GB of peak RSS.
+
+Run: python benchmarks/bench_scale.py [--repeats 5] [--gpus 1024,8192,65536,131072] [--full 8192]
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gpus", default="1024,8192,65536,131072", help="comma-separated GPU counts (multiples of 128)")
     ap.add_argument("--micro-batches", type=int, default=64)
+    ap.add_argument("--full", type=int, default=0, metavar="GPUS", help="also one --full run at GPUS GPUs")
     args = ap.parse_args()
     sizes = [int(x) for x in args.gpus.split(",")]
     print(f"{describe()}; load {os.getloadavg()[0]:.2f}; median of {args.repeats} whole-process runs each")
@@ -90,6 +94,10 @@ def main() -> None:
         rss = max(r[2] for r in results[n])
         first = first or wall
         print(f"{n:>9,} {wall:>12.2f} s {simulated:>11.3f} s {rss / 2**20:>6.0f} MiB  {wall / first:.2f}x")
+    if args.full:
+        wall, simulated, rss = run_once([*command(args.full, args.micro_batches), "--full", "--max-tasks", "100000000"])
+        print(f"\n--full at {args.full:,} GPUs (every GPU simulated, one run): {wall:.1f} s whole command, "
+              f"{simulated:.1f} s simulated, {rss / 2**20:,.0f} MiB peak RSS")  # fmt: skip
     print(f"\nload after: {os.getloadavg()[0]:.2f}")
 
 

@@ -210,7 +210,7 @@ class _PlanBuilder(CommWriter):
                 if hosts and (self.options.exact_host or idx == 0 or cut_before(ops, idx, cuts)
                               or ops[idx - 1].scaled(self.speed[g]) < op.launch):  # fmt: skip
                     flow.release(hosts[j], len(flow), offsets[j][0][idx])
-                last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer, s, mb,
+                last[j] = flow.add(op.dur * self.speed[g], self.slot(g, S_COMPUTE), op.kind, op.name, op.layer, s, mb,
                                    op.key, deps)  # fmt: skip
             if idx in marks:
                 ends[idx] = [[x] for x in last]

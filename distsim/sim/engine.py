@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import gc
 import heapq
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, MutableSequence, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -39,8 +40,8 @@ class _Prev:
 PREV = _Prev()
 """Stands, in a dependency list's place, for ``[j - 1]``: how an event flow stores most ops of a chain (a stage
 template's ops on one GPU, each after the one before; :meth:`distsim.sim.flow.events.EventFlow.add_chain`). One shared
-object instead of a list per op: a large flow is mostly such ops. :func:`run` reads it; the flow expands it for
-every other reader."""
+object instead of a list per op: a large flow is mostly such ops. :func:`run` reads it, and an int d in a list's
+place as ``[d]`` (a flow's task whose other dependencies d implies); the flow expands both for every other reader."""
 
 
 class ChainRelease:
@@ -59,6 +60,32 @@ class ChainRelease:
         return [(first + i, base + ends[i]) for i in self.indices]
 
 
+class Releases:
+    """A host task's release list when it is only (task, offset) pairs, appended one by one
+    (:meth:`~distsim.sim.flow.events.EventFlow.release`): a sequence of those pairs kept as two arrays. A full flow
+    has one pair for nearly every kernel it simulates op by op; as tuples in a list each would take about 100
+    bytes, here 12."""
+
+    __slots__ = ("offsets", "tasks")
+
+    def __init__(self) -> None:
+        self.tasks: array[int] = array("i")
+        self.offsets: array[float] = array("d")
+
+    def append(self, pair: tuple[int, float]) -> None:
+        self.tasks.append(pair[0])
+        self.offsets.append(pair[1])
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        return zip(self.tasks, self.offsets, strict=True)
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        return self.tasks[i], self.offsets[i]
+
+
 def expand_releases(releases: Mapping[int, Sequence[object]]) -> dict[int, list[tuple[int, float]]]:
     """Release lists with every :class:`ChainRelease` replaced by the pairs it stands for, in place (order kept)."""
     out: dict[int, list[tuple[int, float]]] = {}
@@ -73,10 +100,35 @@ def expand_releases(releases: Mapping[int, Sequence[object]]) -> dict[int, list[
     return out
 
 
+LARGE = 1 << 20
+"""Tasks from which :func:`run` gives their times as :class:`Times`, below as lists: a list takes 32 bytes a float
+(a full flow of 17 million tasks, half a gigabyte each for starts and ends), an array 8, but a float read from a
+list is not allocated again, which makes a small flow's pass about a fifth faster."""
+
+
+class Times(array):  # type: ignore[type-arg]
+    """Seconds of each task as ``array('d')`` (8 bytes each, a list takes 32), equal to any list or tuple of the
+    same floats as a list of them would be."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == list(other)
+        return array.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclass(frozen=True)
 class EngineResult:
-    start_s: list[float]
-    end_s: list[float]
+    """Each task's start and end (index = task id): sequences of floats, which :func:`run` gives as lists, or for
+    a flow of :data:`LARGE` tasks or more as :class:`Times` (a quarter of a list's memory; numpy reads them without
+    a copy)."""
+
+    start_s: Sequence[float]
+    end_s: Sequence[float]
 
     @property
     def makespan_s(self) -> float:
@@ -91,49 +143,71 @@ def run(
     """Execute tasks `0..n-1` with the given durations and dependency lists; return their start and end times.
 
     `releases`: task -> (other task, offset): the other task starts no earlier than `offset` seconds after this one
-    starts (a kernel is not started before the host has enqueued it). A dependency list may be :data:`PREV` and a
-    release list may hold :class:`ChainRelease` items (an event flow's compact form). Raises ``RuntimeError`` on a
-    cycle."""
+    starts (a kernel is not started before the host has enqueued it). A dependency list may be :data:`PREV` or an
+    int, and a release list may hold :class:`ChainRelease` items or be a :class:`Releases` (an event flow's compact
+    form). Raises ``RuntimeError`` on a cycle."""
     n = len(duration_s)
-    after: list[list[tuple[int, float]] | None] = [None] * n  # task -> (host task, offset) of its releases
-    for h, pairs in (releases or {}).items():
-        for item in pairs:
-            if type(item) is ChainRelease:
-                first, base, ends = item.first, item.base, item.ends
-                for i in item.indices:
-                    got = after[first + i]
-                    if got is None:
-                        after[first + i] = [(h, base + ends[i])]
-                    else:
-                        got.append((h, base + ends[i]))
-            else:
-                j, offset = item  # type: ignore[misc]
+    releases = releases or {}
+    if n >= LARGE:
+        start: MutableSequence[float] = Times("d", bytes(8 * n))
+        end: MutableSequence[float] = Times("d", bytes(8 * n))
+    else:
+        start, end = [0.0] * n, [0.0] * n
+    if not _in_id_order(duration_s, deps, releases, start, end):
+        after = _released_by(n, releases)
+        _longest_path(_topological_order(n, deps, after), duration_s, deps, after, start, end)
+    return EngineResult(start, end)
+
+
+def _pairs(item: object) -> Iterable[tuple[int, float]]:
+    """The (task, offset) pairs of one item of a release list, a pair itself or a :class:`ChainRelease`."""
+    if type(item) is ChainRelease:
+        first, base, ends = item.first, item.base, item.ends
+        return [(first + i, base + ends[i]) for i in item.indices]
+    return (item,)  # type: ignore[return-value]
+
+
+def _released_by(n: int, releases: Mapping[int, Sequence[object]]) -> list[list[tuple[int, float]] | None]:
+    """Task -> (host task, offset) of its releases (None: none)."""
+    after: list[list[tuple[int, float]] | None] = [None] * n
+    for h, items in releases.items():
+        for item in items:
+            for j, offset in _pairs(item):
                 got = after[j]
                 if got is None:
                     after[j] = [(h, offset)]
                 else:
                     got.append((h, offset))
-    start = [0.0] * n
-    end = [0.0] * n
-    if not _in_id_order(duration_s, deps, after, start, end):
-        _longest_path(_topological_order(n, deps, after), duration_s, deps, after, start, end)
-    return EngineResult(start, end)
+    return after
 
 
 def _in_id_order(
     duration_s: Sequence[float],
     deps: Sequence[Sequence[int]],
-    after: Sequence[Sequence[tuple[int, float]] | None],
-    start: list[float],
-    end: list[float],
+    releases: Mapping[int, Sequence[object]],
+    start: MutableSequence[float],
+    end: MutableSequence[float],
 ) -> bool:
     """Fill `start` and `end` task by task in id order, the order every builder adds tasks in; False (and stop) at a
-    task that waits for a later one (the caller then sorts them: :func:`_topological_order`)."""
+    task that waits for a later one (the caller then sorts them: :func:`_topological_order`).
+
+    A host task's releases are pushed when it starts: each released task's floor (the latest start + offset so far)
+    rises, and the task starts no earlier than its floor. That is the same maximum as reading them when the task
+    comes, without an index of every task's releases (a full flow has millions)."""
     prev = PREV
+    floor: list[float | None] = [None] * len(duration_s)
+    hosts = sorted(releases)
+    hosts.append(-1)
+    k = 0
+    host = hosts[0]
     for j in range(len(duration_s)):
         ds = deps[j]
         if ds is prev:  # the task before it alone, which ended at or after 0
             s = end[j - 1]
+        elif type(ds) is int:  # one task, which ended at or after 0
+            if ds >= j:
+                return False
+            s = end[ds]
         else:
             s = 0.0
             for d in ds:
@@ -142,16 +216,50 @@ def _in_id_order(
                 e = end[d]
                 if e > s:
                     s = e
-        released = after[j]
-        if released is not None:
-            for h, offset in released:
-                if h >= j:
-                    return False
-                t = start[h] + offset
-                if t > s:
-                    s = t
+        t = floor[j]
+        if t is not None and t > s:
+            s = t
         start[j] = s
         end[j] = s + duration_s[j]
+        if j == host:
+            if not _push(floor, j, s, releases[j]):
+                return False
+            k += 1
+            host = hosts[k]
+    return True
+
+
+def _push(floor: list[float | None], h: int, s: float, items: Sequence[object]) -> bool:
+    """Raise the floors of the tasks host task `h`, started at `s`, releases; False if one of them is not later
+    than `h` (the flow is not in id order)."""
+    if type(items) is Releases:
+        for r, offset in zip(items.tasks, items.offsets, strict=True):
+            if r <= h:
+                return False
+            t = s + offset
+            got = floor[r]
+            if got is None or t > got:
+                floor[r] = t
+        return True
+    for item in items:
+        if type(item) is ChainRelease:
+            first, base, ends = item.first, item.base, item.ends
+            for i in item.indices:
+                r = first + i
+                if r <= h:
+                    return False
+                t = s + (base + ends[i])
+                got = floor[r]
+                if got is None or t > got:
+                    floor[r] = t
+        else:
+            r, offset = item  # type: ignore[misc]
+            if r <= h:
+                return False
+            t = s + offset
+            got = floor[r]
+            if got is None or t > got:
+                floor[r] = t
     return True
 
 
@@ -167,7 +275,7 @@ def _longest_path(
     prev = PREV
     for j in order:
         ds = deps[j]
-        s = end[j - 1] if ds is prev else max((end[d] for d in ds), default=0.0)
+        s = end[j - 1] if ds is prev else end[ds] if type(ds) is int else max((end[d] for d in ds), default=0.0)
         for h, offset in after[j] or ():
             t = start[h] + offset
             if t > s:
@@ -183,7 +291,8 @@ def _topological_order(
     dependents: list[list[int]] = [[] for _ in range(n)]
     waiting = [0] * n
     for j in range(n):
-        preds = ([j - 1] if deps[j] is PREV else list(deps[j])) + [h for h, _ in after[j] or ()]
+        ds = deps[j]
+        preds = ([j - 1] if ds is PREV else [ds] if type(ds) is int else list(ds)) + [h for h, _ in after[j] or ()]
         waiting[j] = len(preds)
         for d in preds:
             dependents[d].append(j)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from distsim.core.lazy import RowsOnDemand
-from distsim.sim.timeline import COMPUTE_KINDS, HOST_KINDS, Timeline, slot_rows
+from distsim.sim.timeline import COMPUTE_KINDS, HOST_KINDS, Timeline
 
 
 @dataclass(frozen=True)
@@ -216,20 +216,31 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
     ids, first = np.unique(gpu[order], return_index=True)
     ends = [*first[1:].tolist(), len(order)] if len(order) else []  # no device rows: every GPU idles
     bounds = dict(zip(ids.tolist(), zip(first.tolist(), ends, strict=True), strict=True))
-    classes, sizes, members = [], [], []
-    for rep, targets in sorted(represents.items()):
+    classes = []
+    for rep in sorted(represents):
         if rep not in bounds:
-            stats = (0.0, 0.0, 0.0, iteration)
+            classes.append((0.0, 0.0, 0.0, iteration))
         else:
             rows = order[slice(*bounds[rep])]
-            c, s, e = is_compute[rows], start_s[rows] - t0, end_s[rows] - t0
-            compute = union_length(s[c], e[c])
-            comm = union_length(s[~c], e[~c])
-            busy = union_length(s, e)
-            stats = (compute, comm, busy - compute, iteration - busy)
-        classes.append(stats)
-        sizes.append(len(targets))
-        members.append(targets)
+            classes.append(_figures(is_compute[rows], start_s[rows] - t0, end_s[rows] - t0, iteration))
+    return _table(classes, represents, gpus_per_node)
+
+
+def _figures(c: np.ndarray, s: np.ndarray, e: np.ndarray, iteration: float) -> tuple[float, float, float, float]:
+    """(compute, comm, exposed comm, idle) of one GPU from its device rows (compute or not, start and end from the
+    iteration's start), in any order: unions of intervals, which do not depend on it."""
+    compute = union_length(s[c], e[c])
+    comm = union_length(s[~c], e[~c])
+    busy = union_length(s, e)
+    return compute, comm, busy - compute, iteration - busy
+
+
+def _table(classes: list[tuple[float, ...]], represents: dict[int, tuple[int, ...]],
+           gpus_per_node: int) -> GPUStatsTable:  # fmt: skip
+    """The table of the figures of each simulated GPU (`classes`, in GPU order) standing for the GPUs it
+    represents."""
+    members = [represents[rep] for rep in sorted(represents)]
+    sizes = [len(targets) for targets in members]
     every = np.fromiter(chain.from_iterable(members), dtype=np.int64, count=sum(sizes))
     of_class = np.repeat(np.arange(len(classes)), sizes)
     by_gpu = np.argsort(every, kind="stable")  # as sorting the stats by GPU did
@@ -237,21 +248,55 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
     return GPUStatsTable(every[by_gpu], of_class[by_gpu], table, gpus_per_node)
 
 
-def flow_stats(flow: Any, start_s: list[float], end_s: list[float]) -> tuple[float, GPUStatsTable]:
+def flow_stats(flow: Any, start_s: Sequence[float], end_s: Sequence[float]) -> tuple[float, GPUStatsTable]:
     """The iteration time and per-GPU stats of an executed flow (task start and end times), equal to those of
-    :func:`~distsim.sim.timeline.from_flow`'s timeline, from the flow's arrays."""
+    :func:`~distsim.sim.timeline.from_flow`'s timeline, from the flow's arrays.
+
+    Task by task, not row by row: tasks are grouped by their slots tuple (the builders share one per stream or
+    group), and a GPU's rows are the tasks of the groups it is in. A full flow of 16 million tasks has 26 million
+    rows; their arrays would take more memory than the flow itself. A task on two streams of one GPU gives it the
+    same interval twice, which no union counts twice."""
     from distsim.sim.flow.events import KINDS
 
-    idx, gpu, _ = slot_rows(flow)
+    kind = np.asarray(flow.kind, dtype=np.int8)
+    start, end = np.asarray(start_s, dtype=np.float64), np.asarray(end_s, dtype=np.float64)
+    perm, groups = slot_groups(flow.slots)
+    rowful = kind != KINDS.index("interference")  # shadows: no rows
+    of_gpu: dict[int, list[tuple[int, int]]] = {}
+    for a, b, slots in groups:
+        if not slots:
+            rowful[perm[a:b]] = False
+        for g in dict.fromkeys(g for g, _ in slots):
+            of_gpu.setdefault(g, []).append((a, b))
+    t0 = float(start[rowful].min()) if rowful.any() else 0.0
+    iteration = float(end[rowful].max() - t0) if rowful.any() else 0.0
     compute = np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in COMPUTE_KINDS])
-    device = ~np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in HOST_KINDS])
-    kind = np.asarray(flow.kind, dtype=np.int8)[idx]
-    start, end = np.asarray(start_s, dtype=np.float64)[idx], np.asarray(end_s, dtype=np.float64)[idx]
-    iteration = span(start, end)
-    return iteration, stats_of_rows(gpu, compute[kind], start, end, dict(flow.represents), flow.cluster.gpus_per_node,
-                                    device[kind])  # fmt: skip
+    device = ~np.isin(np.arange(len(KINDS)), [KINDS.index(k) for k in (*HOST_KINDS, "interference")])
+    classes = []
+    for rep in sorted(flow.represents):
+        spans = of_gpu.get(rep, [])
+        tasks = np.concatenate([perm[a:b] for a, b in spans]) if spans else perm[:0]
+        tasks = tasks[device[kind[tasks]]]
+        if len(tasks) == 0:
+            classes.append((0.0, 0.0, 0.0, iteration))
+        else:
+            classes.append(_figures(compute[kind[tasks]], start[tasks] - t0, end[tasks] - t0, iteration))
+    return iteration, _table(classes, dict(flow.represents), flow.cluster.gpus_per_node)
 
 
-def of_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Metrics:
+def slot_groups(slots: Sequence[tuple[tuple[int, int], ...]]) -> tuple[np.ndarray, list[tuple[int, int, tuple]]]:
+    """Task ids grouped by slots tuple (by identity: builders share them; equal tuples that are not shared make
+    groups of their own): the ids in group order, and each group's (first position, end position, slots)."""
+    ids = np.fromiter(map(id, slots), dtype=np.int64, count=len(slots))
+    perm = np.argsort(ids, kind="stable")
+    ids.sort()  # in place: ids[perm] would be a third array of the flow's length
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    del ids
+    firsts = [0, *cuts.tolist()]
+    lasts = [*cuts.tolist(), len(slots)] if len(slots) else []
+    return perm, [(a, b, slots[perm[a]]) for a, b in zip(firsts, lasts, strict=False)]
+
+
+def of_flow(flow: Any, start_s: Sequence[float], end_s: Sequence[float]) -> Metrics:
     """:func:`of_timeline` of :func:`~distsim.sim.timeline.from_flow`'s timeline, without building it."""
     return Metrics(*flow_stats(flow, start_s, end_s))

@@ -53,6 +53,7 @@ class CommWriter:
         self.sharding = SHARDINGS[flow.strategy.optimizer_sharding]
         self._p2p: dict[tuple[int, str, int], tuple[int, float, float]] = {}  # (bytes, scope, sharers) -> key, times
         self._slots: dict[tuple[int, int], tuple[tuple[int, int]]] = {}  # (gpu, stream) -> the one-slot tuple
+        self._groups: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, int], ...]] = {}  # (stream, gpus) -> slots
 
     def slot(self, g: int, stream: int) -> tuple[tuple[int, int]]:
         """The slots of a task on one stream of GPU g: one tuple per (gpu, stream), shared by every such task (a
@@ -67,7 +68,13 @@ class CommWriter:
         """Where a communication task runs: its kind's stream, or with serialize the link queue of its scope."""
         if self.serialize:
             stream = S_LINK_INTRA if scope == "intra" else S_LINK_INTER
-        return tuple((g, stream) for g in gpus)
+        if len(gpus) == 1:
+            return self.slot(gpus[0], stream)
+        key = (stream, gpus)
+        out = self._groups.get(key)
+        if out is None:  # one tuple per group and stream, shared by all its tasks (as :meth:`slot`)
+            out = self._groups[key] = tuple(self.slot(g, stream)[0] for g in gpus)
+        return out
 
     def sharers(self, inst: CommInstance) -> int:
         """The NIC sharers its cost assumes: the structural count, or 1 with fair sharing (the engine shares)."""

@@ -56,7 +56,8 @@ the flow of a stages plan, and :mod:`distsim.sim.flow.comm` places the communica
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterator, MutableSequence, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ from distsim.core.placement import Placement
 from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource
-from distsim.sim.engine import PREV, ChainRelease, _Prev, expand_releases
+from distsim.sim.engine import PREV, ChainRelease, Releases, _Prev, expand_releases
 from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
@@ -121,9 +122,13 @@ class FlowOptions:
             raise DistsimError(f"link sharing must be one of {', '.join(LINK_SHARING)}, got {self.link_sharing!r}")
 
 
+CompactReleases = dict[int, list[tuple[int, float] | ChainRelease] | Releases]
+"""Host task -> its launch constraints as the builders store them (:attr:`EventFlow.releases` expands them)."""
+
+
 @dataclass
 class EventFlow:
-    """Tasks as parallel lists (index = task id) plus what the engine and the timeline need."""
+    """Tasks as parallel columns (index = task id) plus what the engine and the timeline need."""
 
     model: Model
     cluster: Cluster
@@ -135,23 +140,30 @@ class EventFlow:
     symmetric: bool
     represents: dict[int, tuple[int, ...]]
     """Simulated GPU -> the GPUs it stands for (itself first)."""
-    duration_s: list[float] = field(default_factory=list)
-    _deps: list[list[int] | _Prev] = field(default_factory=list, repr=False)
+    duration_s: MutableSequence[float] = field(default_factory=list)
+    """Seconds each task takes. This and the other numeric columns (:attr:`kind`, :attr:`layer`, :attr:`stage`,
+    :attr:`microbatch`, :attr:`key`) are arrays in a full (not symmetric) flow: it has millions of tasks, and an
+    array holds a number in 1 to 8 bytes where a list takes 8 for the pointer and 32 for a float (numpy reads an
+    array without a copy). A symmetric flow is small, and appending to a list takes a third of the time."""
+    _deps: list[list[int] | _Prev | int] = field(default_factory=list, repr=False)
     """Each task's dependency list as built: :data:`~distsim.sim.engine.PREV` for a chain's op that waits for the
-    op before it alone (:attr:`deps` expands it)."""
+    op before it alone; an int d for a one-slot task that waits for d and for its slot's previous task, which is d
+    or one of d's own dependencies, so d's end implies it (:meth:`add`; a full flow is mostly such tasks, and an int
+    is a fifth of a list). :attr:`deps` expands both."""
     slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
     """(gpu, stream) pairs each task occupies; a timeline row per slot."""
-    kind: list[int] = field(default_factory=list)
+    kind: MutableSequence[int] = field(default_factory=list)
     name: list[str] = field(default_factory=list)
-    layer: list[int] = field(default_factory=list)
-    stage: list[int] = field(default_factory=list)
-    microbatch: list[int] = field(default_factory=list)
-    key: list[int] = field(default_factory=list)
+    layer: MutableSequence[int] = field(default_factory=list)
+    stage: MutableSequence[int] = field(default_factory=list)
+    microbatch: MutableSequence[int] = field(default_factory=list)
+    key: MutableSequence[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     key_costs: list[Cost] = field(default_factory=list)
     key_kinds: list[str] = field(default_factory=list)
-    _releases: dict[int, list[tuple[int, float] | ChainRelease]] = field(default_factory=dict, repr=False)
-    """:attr:`releases` as built: a chain's constraints one :class:`~distsim.sim.engine.ChainRelease` each."""
+    _releases: CompactReleases = field(default_factory=dict, repr=False)
+    """:attr:`releases` as built: a chain's constraints one :class:`~distsim.sim.engine.ChainRelease` each, and a
+    host task's list of pairs alone as :class:`~distsim.sim.engine.Releases`."""
     members: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Communication task -> the GPUs of its instance (a transfer: sender, then receiver; a collective: its group,
     simulated or not). Tensor-, expert- and context-parallel ops of stage templates are not listed: their group
@@ -161,10 +173,17 @@ class EventFlow:
     the other modes: nothing is shared in time)."""
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
+    _singles: bool = field(default=False, repr=False)
+    """Whether :attr:`_deps` holds an int (:meth:`_expand_singles`)."""
     _runs: list[tuple[int, Chain]] = field(default_factory=list, repr=False)
     """(first task, chain) of every chain added, to expand the :data:`~distsim.sim.engine.PREV` of its ops."""
     _expanded: tuple[int, list[list[int]], dict[int, list[tuple[int, float]]]] | None = field(default=None,
                                                                                                repr=False)  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if not self.symmetric and not self.duration_s:  # see duration_s
+            self.duration_s, self.kind = array("d"), array("b")
+            self.layer, self.stage, self.microbatch, self.key = array("i"), array("i"), array("i"), array("i")
 
     def __len__(self) -> int:
         return len(self.duration_s)
@@ -191,10 +210,36 @@ class EventFlow:
             for i, (a, b) in enumerate(chain.rel_deps):
                 if deps[tid0 + i] is PREV:
                     deps[tid0 + i] = [tid0 + a] if b < 0 else [tid0 + a, tid0 + b]
+        if self._singles:
+            self._expand_singles(deps)
         self._expanded = (len(deps), deps, expand_releases(self._releases))
         return self._expanded
 
-    def compact(self) -> tuple[list[list[int] | _Prev], dict[int, list[tuple[int, float] | ChainRelease]]]:
+    def _expand_singles(self, deps: list[Any]) -> None:
+        """Replace each int d of `deps` by the list :meth:`add` gave: d, then its slot's previous task if that is
+        another one (the streams' orders replayed task by task)."""
+        last: dict[tuple[int, int], int] = {}
+        for j, slots in enumerate(self.slots):
+            d = deps[j]
+            if type(d) is int:
+                prev = last.get(slots[0])
+                deps[j] = [d] if prev is None or prev == d else [d, prev]
+            for slot in slots:
+                last[slot] = j
+
+    def _implies(self, d: int, p: int, tid: int) -> bool:
+        """Whether task d, added before task `tid`, waits for task p directly (so d ends no earlier than p), as far
+        as its compact dependencies say without expanding them."""
+        if d >= tid:
+            return False
+        got = self._deps[d]
+        if got is PREV:
+            return p == d - 1
+        if type(got) is int:
+            return p == got
+        return p in got  # type: ignore[operator]
+
+    def compact(self) -> tuple[list[list[int] | _Prev | int], CompactReleases]:
         """(dependencies, releases) in the builders' compact form, for :func:`distsim.sim.engine.run`."""
         return self._deps, self._releases
 
@@ -226,13 +271,29 @@ class EventFlow:
         """Append a task; it also waits for the previous task of each (gpu, stream) slot it occupies."""
         tid = len(self.duration_s)
         last = self._last
-        for slot in slots:
+        if len(slots) == 1 and len(deps) < 2 and not self.symmetric:  # one int where the slot's previous task is
+            slot = slots[0]  # implied (a symmetric flow is small: it saves the time of looking)
             prev = last.get(slot)
-            if prev is not None and prev not in deps:
-                deps.append(prev)
             last[slot] = tid
+            compact: list[int] | int
+            if prev is None:
+                compact = deps[0] if deps else deps
+            elif not deps or prev == deps[0] or self._implies(deps[0], prev, tid):
+                compact = deps[0] if deps else prev
+            else:
+                deps.append(prev)
+                compact = deps
+            if compact is not deps:
+                self._singles = True
+            self._deps.append(compact)
+        else:
+            for slot in slots:
+                prev = last.get(slot)
+                if prev is not None and prev not in deps:
+                    deps.append(prev)
+                last[slot] = tid
+            self._deps.append(deps)
         self.duration_s.append(dur)
-        self._deps.append(deps)
         self.slots.append(slots)
         self.kind.append(kind)
         self.name.append(name)
@@ -244,7 +305,10 @@ class EventFlow:
 
     def release(self, host_task: int, task: int, offset_s: float) -> None:
         """`task` starts no earlier than `offset_s` after `host_task` starts (its kernel's launch ends then)."""
-        self._releases.setdefault(host_task, []).append((task, offset_s))
+        got = self._releases.get(host_task)
+        if got is None:
+            got = self._releases[host_task] = Releases()
+        got.append((task, offset_s))
         self._expanded = None
 
     def add_chain(self, chain: Chain, first_deps: list[int], stage: int, mb: int,
@@ -259,7 +323,10 @@ class EventFlow:
         if host is not None:
             host_task, base = host
             indices = chain.launch_constrained if not exact else range(len(chain.links))
-            self._releases.setdefault(host_task, []).append(ChainRelease(tid0, base, indices, chain.launch_ends))
+            got = self._releases.get(host_task)
+            if type(got) is not list:  # none yet, or pairs (kept in their order)
+                got = self._releases[host_task] = list(got or ())
+            got.append(ChainRelease(tid0, base, indices, chain.launch_ends))
         last = self._last
         # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one,
         # so ended by then: PREV, which deps expands); the first op on a slot in the chain (op 0 among them) also for
@@ -276,14 +343,20 @@ class EventFlow:
         for slot, i in chain.last_on_slot:
             last[slot] = tid0 + i
         n = len(chain.links)
-        self.duration_s.extend(chain.durations)
+        if type(self.duration_s) is list:
+            durations, kinds, layers, keys = chain.durations, chain.kinds, chain.layers, chain.keys
+            stages, mbs = [stage] * n, [mb] * n
+        else:
+            durations, kinds, layers, keys = chain.columns
+            stages, mbs = array("i", (stage,)) * n, array("i", (mb,)) * n
+        self.duration_s.extend(durations)
         self.slots.extend(chain.slots)
-        self.kind.extend(chain.kinds)
+        self.kind.extend(kinds)
         self.name.extend(chain.names)
-        self.layer.extend(chain.layers)
-        self.stage.extend([stage] * n)
-        self.microbatch.extend([mb] * n)
-        self.key.extend(chain.keys)
+        self.layer.extend(layers)
+        self.stage.extend(stages)
+        self.microbatch.extend(mbs)
+        self.key.extend(keys)
         return tid0 + n - 1
 
     @property
@@ -343,6 +416,12 @@ class Chain:
         """:attr:`links` as :meth:`EventFlow.add_chain` uses them, per op: (index of the op before it, index of the
         previous op on its slot if that is another one, else -1); op 0's entry is a placeholder."""
         return tuple((i - 1, prev if prev != i - 1 else -1) for i, (_, prev) in enumerate(self.links))
+
+    @cached_property
+    def columns(self) -> tuple[array[float], array[int], array[int], array[int]]:
+        """Durations, kinds, layers and keys as the flow's arrays hold them (extending an array by another of its
+        type copies memory; by a tuple it converts each number)."""
+        return array("d", self.durations), array("b", self.kinds), array("i", self.layers), array("i", self.keys)
 
     @cached_property
     def prevs(self) -> tuple[_Prev, ...]:

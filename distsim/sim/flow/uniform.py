@@ -283,8 +283,9 @@ class _Builder(CommWriter):
         hosts: list[list[int]] = []
         if self.host:  # each GPU's host waits for its received data, then enqueues the action's kernels
             total = launch_offsets(ops0, cuts)[1]
+            name = f"launch {a}"  # one string for every GPU's launch
             for _d, gpus, _ops, frontier, _last in lanes:
-                hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, f"launch {a}")
+                hosts.append([self.launch(g, total, list(frontier[j]), a.stage, a.microbatch, name)
                               for j, g in enumerate(gpus)])  # fmt: skip
             launch_ends = launch_offsets(ops0, cuts)[0]
         waits = self.prefetch and a.op == "F" and a.microbatch == 0
@@ -316,7 +317,7 @@ class _Builder(CommWriter):
                             deps.append(params[self.lanes_t[j]])
                         if hosts and self._constrained(ops, idx, g, cuts):
                             flow.release(hosts[lane][j], len(flow), launch_ends[idx])
-                        last[j] = flow.add(op.dur * self.speed[g], ((g, S_COMPUTE),), op.kind, op.name, op.layer,
+                        last[j] = flow.add(op.dur * self.speed[g], self.slot(g, S_COMPUTE), op.kind, op.name, op.layer,
                                            a.stage, a.microbatch, op.key, deps)  # fmt: skip
             if idx in marks:
                 ends[idx] = [[[x] for x in last] for *_, last in lanes]
