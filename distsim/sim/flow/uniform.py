@@ -136,7 +136,7 @@ class _Builder(CommWriter):
         self.pp, self.dp, self.tp = s.pp, s.dp, s.tp
         # templates[vs][d] -> {"F": ops, "B": ops}: scopes may differ per replica when symmetry does not hold
         self.templates: dict[tuple[int, int], dict[str, list[StageOp]]] = {}
-        self.chains: dict[tuple[int, int, str, int, bool], list[tuple[Chain, int | None]]] = {}
+        self.chains: dict[tuple, tuple[list[tuple[Chain, int | None]], float]] = {}  # see _chains
         self.incoming: dict[tuple[int, str, int, int, int], int] = {}  # (vs, op, mb, d, t) -> p2p task
         self.loss: dict[tuple[int, int, int, int], int] = {}  # (vs, mb, d, t) -> the last stage's forward end
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
@@ -416,11 +416,10 @@ class _Builder(CommWriter):
         g = self.gpu_of.get((r, d, t))
         if g is None:
             g = self.gpu_of[(r, d, t)] = int(self.grid[r, d, t])
-        chains = self._chains(a.stage, d, a.op, g, cuts)
+        chains, launch_s = self._chains(a.stage, d, a.op, g, cuts)
         host, offset = None, 0.0
         if self.host:  # the host waits for the received data, then enqueues the action's kernels
-            host = self.launch(g, sum(c.launch_s for c, _ in chains), list(frontier), a.stage, a.microbatch,
-                               f"launch {a}")  # fmt: skip
+            host = self.launch(g, launch_s, list(frontier), a.stage, a.microbatch, f"launch {a}")
         last = -1
         first = frontier + self._loss(a, d, t)
         ops = self.template(a.stage, d)[a.op] if self.fair else []
@@ -439,12 +438,13 @@ class _Builder(CommWriter):
                     self.grad_allreduce(r, a.stage, {t: [last]}, bucket)
         self.send(r, a, d, [g], [last])
 
-    def _chains(self, vs: int, d: int, op: str, g: int, cuts: frozenset[int]) -> list[tuple[Chain, int | None]]:
+    def _chains(self, vs: int, d: int, op: str, g: int,
+                cuts: frozenset[int]) -> tuple[list[tuple[Chain, int | None]], float]:  # fmt: skip
         """The template of (vs, op) on GPU g as chains: one, or split after each layer in `cuts`, whose buckets are
-        then issued (with that layer)."""
+        then issued (with that layer); and the host seconds to launch them all (summed once per template)."""
         key = (vs, d, op, g, cuts)
-        out = self.chains.get(key)
-        if out is None:
+        got = self.chains.get(key)
+        if got is None:
             ops = self.template(vs, d)[op]
             parts: list[list[StageOp]] = []
             for o in ops:
@@ -457,8 +457,8 @@ class _Builder(CommWriter):
                          else (g, S_COMPUTE) for o in part]  # fmt: skip
                 done = part[-1].layer if part[-1].layer in cuts else None
                 out.append((Chain.of(part, slots, self.speed[g]), done))
-            self.chains[key] = out
-        return out
+            got = self.chains[key] = (out, sum(c.launch_s for c, _ in out))
+        return got
 
     def send(self, r: int, a: Action, d: int, gpus: list[int], last: list[int]) -> None:
         """After an action: send its activation forward or its input gradient backward (the last stage's forward:
@@ -472,14 +472,20 @@ class _Builder(CommWriter):
             plan = self.sends[(a.stage, a.op)] = self._send_plan(r, a)
         if not plan:
             return
-        dst_vs, what, nbytes, name, pairs = plan
+        dst_vs, what, nbytes, name, pairs, seen = plan
         for j, t in enumerate(self.lanes_t):
-            tid = self.p2p(pairs[d * self.tp + t], nbytes, what, a.stage, dst_vs, a.microbatch, last[j], name)
+            i = d * self.tp + t
+            inst = seen.get(i)
+            if inst is None:  # an instance is built when asked for: once per lane, not once per micro-batch
+                inst = seen[i] = pairs[i]
+            tid = self.p2p(inst, nbytes, what, a.stage, dst_vs, a.microbatch, last[j], name)
             self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
 
-    def _send_plan(self, r: int, a: Action) -> tuple[int, str, int, str, Sequence[CommInstance]] | tuple[()]:
+    def _send_plan(self, r: int, a: Action) -> tuple[int, str, int, str, Sequence[CommInstance],
+                                                      dict[int, CommInstance]] | tuple[()]:  # fmt: skip
         """What :meth:`send` sends after an action of `a`'s stage and op (the same for every micro-batch): the
-        destination stage, what it is, its bytes, the transfer's name and the rank pair's instances; () for none."""
+        destination stage, what it is, its bytes, the transfer's name, the rank pair's instances and those of them
+        used so far; () for none."""
         if a.op == "F" and a.stage < self.num_stages - 1:
             dst_vs, what = a.stage + 1, "act"
         elif a.op == "B" and a.stage > 0:
@@ -493,7 +499,7 @@ class _Builder(CommWriter):
         pairs = self.pairs.get((r, dst_r))
         if pairs is None:
             pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
-        return dst_vs, what, nbytes, f"{what} {a.stage}->{dst_vs}", pairs
+        return dst_vs, what, nbytes, f"{what} {a.stage}->{dst_vs}", pairs, {}
 
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
