@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distsim.core.errors import DistsimError
+from distsim.sim.costs import CommEvent
 from distsim.sim.flow.events import (
     K_CP,
     K_DP,
@@ -84,22 +85,12 @@ class EtNode:
     """The flow task it comes from (also the ``distsim_task`` attribute)."""
 
 
-@dataclass(frozen=True)
-class CommKey:
-    """What an event key says of a communication: ``{collective}/{scope}/n={group}/bytes={nbytes}[/...]``."""
-
-    collective: str
-    group_size: int
-    nbytes: int
-
-    @classmethod
-    def parse(cls, key: str) -> CommKey:
-        parts = key.split("/")
-        fields_ = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-        try:
-            return cls(parts[0], int(fields_["n"]), int(fields_["bytes"]))
-        except (KeyError, ValueError):
-            raise DistsimError(f"Chakra export: cannot read communication event key {key!r}") from None
+def comm_event(key: str) -> CommEvent:
+    """The communication event a collective's or transfer's event key names; one line if it names none."""
+    event = CommEvent.of_key(key)
+    if event is None:
+        raise DistsimError(f"Chakra export: cannot read communication event key {key!r}")
+    return event
 
 
 @dataclass
@@ -198,13 +189,13 @@ class ChakraRanks:
                 sending = self._sim_of[flow.members[task][0]] == sim
                 ntype = SEND if sending else RECV
                 src, dst = self.instance(task, rank, end=0 if sending else 1)
-                ck = CommKey.parse(flow.keys[flow.key[task]])
+                ck = comm_event(flow.keys[flow.key[task]])
                 attrs += [("comm_src", src), ("comm_dst", dst), ("comm_tag", task), ("comm_size", ck.nbytes)]
                 if sending:
                     stream = flow.slots[task][0][1]
             elif kind in COLLECTIVE_KINDS:
                 ntype = COLL
-                ck = CommKey.parse(flow.keys[flow.key[task]])
+                ck = comm_event(flow.keys[flow.key[task]])
                 if ck.collective not in COMM_TYPES:
                     raise DistsimError(f"Chakra export: no Chakra collective for {ck.collective!r} ({flow.name[task]})")
                 group = self.group(task, rank)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from distsim.io.output import open_output
+from distsim.sim.costs import CommEvent
 from distsim.sim.timeline import COMM_KINDS, COMPUTE_KINDS, HOST_KINDS, Timeline
 
 STREAM_IDS = {"compute": 7, "tp": 13, "p2p": 17, "dp": 21, "gather": 25, "link:intra": 29, "link:inter": 33}
@@ -48,6 +49,9 @@ OPTIONAL_COLUMNS = ("key", "bytes", "peer", "group")
 """Columns a timeline may carry beyond the schema: written into each event's args where present."""
 COLLECTIVES = {"tp_allreduce": "AllReduce", "dp_allreduce": "AllReduce", "p2p": "SendRecv",
                "ep_alltoall": "AllToAll", "cp_ring": "SendRecv"}  # fmt: skip
+NCCL_NAMES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+              "all_to_all": "AllToAll", "p2p": "SendRecv", "cp_ring": "SendRecv"}  # fmt: skip
+"""An event key's collective -> NCCL's kernel name for it."""
 HOST_PID = 100_000
 """Host events' pid is this plus the rank: apart from the GPU pids (the device index), as in Kineto."""
 MARK = "\x01"
@@ -63,12 +67,14 @@ def rank_file(directory: str | Path, stem: str, rank: int) -> Path:
 
 
 def _collective(kind: str, stream: str, key: str | None) -> str:
-    """NCCL's name of the collective a communication row runs (the key, where a timeline has it, says which)."""
-    text = (key or "").lower()
-    if stream == "gather" or "all_gather" in text or "allgather" in text:
+    """NCCL's name of the collective a communication row runs: its event key's collective where the row has one
+    (:meth:`~distsim.sim.costs.CommEvent.of_key`), else its kind's (a parameter all-gather on the ``gather``
+    stream)."""
+    event = CommEvent.of_key(key) if key else None
+    if event is not None and event.collective in NCCL_NAMES:
+        return NCCL_NAMES[event.collective]
+    if stream == "gather":
         return "AllGather"
-    if "reduce_scatter" in text or "reducescatter" in text:
-        return "ReduceScatter"
     return COLLECTIVES.get(kind, "Generic")
 
 

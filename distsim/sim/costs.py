@@ -87,6 +87,21 @@ class CommEvent:
         key = f"{self.collective}/{self.scope}/n={self.group_size}/bytes={self.nbytes}"
         return key + (f"/share={self.sharers}" if self.sharers > 1 else "")
 
+    @classmethod
+    def of_key(cls, key: str) -> CommEvent | None:
+        """The communication event an event key starts with (:attr:`key`; a derived key, such as an overlapped
+        collective's ``.../overlapping=<compute key>``, adds segments after it), or None for a key that does not
+        start with one (a compute event's). The one reader of the format :attr:`key` writes (timeline columns, trace
+        exports)."""
+        parts = key.split("/")
+        if len(parts) < 4 or parts[1] not in ("intra", "inter"):
+            return None
+        fields_ = dict(p.split("=", 1) for p in parts[2:5] if "=" in p)
+        try:
+            return cls(parts[0], int(fields_["bytes"]), int(fields_["n"]), parts[1], int(fields_.get("share", 1)))
+        except (KeyError, ValueError):
+            return None
+
 
 @dataclass(frozen=True)
 class Cost:

@@ -14,7 +14,6 @@ simulated and measured timelines.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
@@ -225,22 +224,21 @@ def from_flow(flow: Any, start_s: list[float], end_s: list[float]) -> Timeline:
     return Timeline(df, flow.cluster.gpus_per_node, dict(flow.represents), groups)
 
 
-_BYTES = re.compile(r"bytes=(\d+)")
-
-
 def comm_columns(flow: Any, idx: np.ndarray, gpu: np.ndarray, kind: np.ndarray) -> dict[str, Any]:
     """:data:`COMM_COLUMNS` of the rows (task `idx` on `gpu`, of `kind`) of an event flow: the key the task was
-    costed by; the bytes its communication event moves (its key's ``bytes=``); the group of its instance (recorded
-    by the flow for transfers and data-parallel collectives; a stage template's tensor-, expert- and
-    context-parallel ops, the group the placement gives their GPU), and a transfer's other GPU."""
+    costed by; the bytes its communication event moves (read from the key by
+    :meth:`~distsim.sim.costs.CommEvent.of_key`); the group of its instance (recorded by the flow for transfers and
+    data-parallel collectives; a stage template's tensor-, expert- and context-parallel ops, the group the placement
+    gives their GPU), and a transfer's other GPU."""
     import pandas as pd
 
+    from distsim.sim.costs import CommEvent
     from distsim.sim.flow.events import K_CP, K_EP, K_P2P, K_TP, KINDS
 
     keys = np.asarray(flow.key, dtype=np.int64)[idx]
     keys = np.where(keys < 0, len(flow.keys), keys)  # a host launch has no key: ""
-    found = [_BYTES.findall(k) for k in flow.keys]
-    key_bytes = np.asarray([int(f[-1]) if f else 0 for f in found] + [0], dtype=np.int64)
+    events = [CommEvent.of_key(k) for k in flow.keys]
+    key_bytes = np.asarray([e.nbytes if e is not None else 0 for e in events] + [0], dtype=np.int64)
     comm = np.isin(kind, [KINDS.index(k) for k in COMM_KINDS])
     labels: dict[str, int] = {"": 0}
     n = len(flow.kind)

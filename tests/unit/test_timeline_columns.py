@@ -89,3 +89,20 @@ def test_kineto_files_name_each_ranks_own_groups(tmp_path: Path) -> None:
                             for e in json.loads(p.read_text())["traceEvents"] if e.get("cat") == "kernel")
                      for p in paths])  # fmt: skip
     assert len(seen[0]) == 16 and seen[0] == seen[1]
+
+
+def test_an_event_key_reads_back_as_the_event_that_wrote_it() -> None:
+    """CommEvent.of_key is CommEvent.key's inverse, also at the start of a derived key; a compute or optimizer key
+    is no communication event."""
+    from distsim.sim.costs import CommEvent
+
+    for ev in (CommEvent("all_reduce", 123, 8, "inter", 4), CommEvent("p2p", 5, 2, "intra"),
+               CommEvent("cp_ring", 9, 2, "intra"), CommEvent("all_to_all", 7, 4, "inter", 2)):  # fmt: skip
+        assert CommEvent.of_key(ev.key) == ev
+        assert CommEvent.of_key(f"{ev.key}/overlapping=attention[h=8]/F/mbs=1/tp=2/bf16") == ev
+    r = simulate(get_model("gpt2-345m"), get_cluster("dgx-h100").with_nodes(2),
+                 Strategy(tp=2, pp=2, dp=4, num_micro_batches=1))  # fmt: skip
+    kinds = dict(zip(r.flow.keys, r.flow.key_kinds, strict=True))
+    comm = [k for k, kind in kinds.items() if kind not in ("compute", "optimizer")]
+    assert comm and all(CommEvent.of_key(k).key == k for k in comm)
+    assert all(CommEvent.of_key(k) is None for k, kind in kinds.items() if kind in ("compute", "optimizer"))
