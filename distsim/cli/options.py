@@ -167,13 +167,14 @@ class RankTraceOptions(Options):
             raise click.UsageError("--trace-dir needs --trace-format (kineto, or chakra for simulate)")
         if not self.trace_dir:
             return
-        from distsim.io.rank_traces import NEEDS_RESULT, check_directory, writer
+        from distsim.io.output import check_directory
+        from distsim.io.rank_traces import NEEDS_RESULT, writer
 
         if measured and self.trace_format in NEEDS_RESULT:
             raise click.UsageError(f"--trace-format {self.trace_format} writes a simulation's event flow, which a "
                                    "measured run has none of; use kineto (or distsim simulate for chakra)")  # fmt: skip
         writer(self.trace_format)  # importable: a format this distsim lacks is refused before the run
-        check_directory(self.trace_dir)
+        check_directory(self.trace_dir, "--trace-dir")
 
 
 def rank_trace_options(run: str, measured: bool = False) -> Any:

@@ -7,9 +7,7 @@ Each driver's command lives in its own module (``search_grid``, ``search_dapple`
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -17,7 +15,6 @@ import click
 from distsim.cli.app import LazyGroup, cli
 from distsim.cli.common import framework_option, load_model_and_cluster, parse_int_list
 from distsim.cli.options import CostOptions, ModelOptions
-from distsim.core.errors import DistsimError
 
 
 def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
@@ -26,17 +23,10 @@ def opt_int_list(text: str | None, option: str) -> tuple[int, ...] | None:
 
 def check_directory(path: str | None, option: str) -> None:
     """Fail before a long search, not after it, when an output directory cannot be created or written."""
-    from distsim.io.output import check_output
+    from distsim.io.output import check_directory as check
 
-    if not path:
-        return
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise DistsimError(f"{option} {p}: exists and is not a directory")
-    if not p.exists():
-        check_output(p, option, stream_ok=False)  # its parent must exist and be writable
-    elif not os.access(p, os.W_OK | os.X_OK):
-        raise DistsimError(f"{option} {p}: directory is not writable")
+    if path:
+        check(path, option)
 
 
 @dataclass(frozen=True)

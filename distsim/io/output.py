@@ -227,6 +227,24 @@ def check_output(path: str | Path | None, option: str, figure: bool = False, str
         raise OutputError(f"{option} {p}: directory {directory} is not writable")
 
 
+def check_directory(directory: str | Path, option: str) -> None:
+    """Raise an OutputError now if `directory` could not be made (with its missing parents) or written later:
+    before a long run, as :func:`check_output` does for files; nothing is created."""
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{option} {path}: exists and is not a directory")
+    existing = path
+    while not existing.exists():  # the nearest ancestor that exists is where the directory would be made
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"{option} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "directory is not writable" if existing == path else f"cannot create it in {existing} (not writable)"
+        raise OutputError(f"{option} {path}: {what}")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

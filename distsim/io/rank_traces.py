@@ -43,24 +43,6 @@ def writer(fmt: str) -> Any:
         raise OutputError(f"--trace-format {fmt} is not available in this distsim ({module} is missing)") from None
 
 
-def check_directory(directory: str | Path, option: str = "--trace-dir") -> None:
-    """Raise an OutputError now if `directory` could not be made or written later (before a long run, as
-    :func:`~distsim.io.output.check_output` does for files); nothing is created."""
-    path = Path(directory)
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{option} {path}: exists and is not a directory")
-    existing = path
-    while not existing.exists():  # the nearest ancestor that exists is where the directory would be made
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputError(f"{option} {path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "directory is not writable" if existing == path else f"cannot create it in {existing} (not writable)"
-        raise OutputError(f"{option} {path}: {what}")
-
-
 def make_directory(directory: str | Path, option: str = "--trace-dir") -> Path:
     """Create `directory` (and its parents) if needed and check that files can be written in it; one line if not."""
     path = Path(directory)
