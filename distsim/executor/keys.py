@@ -24,7 +24,7 @@ from typing import Any
 from distsim.core.partition import rank_layers
 from distsim.core.sync import SHARDINGS, Bucket
 from distsim.sim.costs import CommEvent, ComputeEvent, optimizer_key
-from distsim.sim.timeline import _ranges
+from distsim.sim.timeline import format_ranges
 
 Info = tuple[str, int, int, str]
 """(key, bytes, peer, group) of one row (:data:`distsim.sim.timeline.COMM_COLUMNS`)."""
@@ -34,7 +34,7 @@ NO_INFO: Info = ("", 0, -1, "")
 
 def group_text(ranks: Any) -> str:
     """The ranks of a group as the simulated timeline writes them ("0-3, 8-11")."""
-    return _ranges(tuple(int(r) for r in ranks))
+    return format_ranges(tuple(int(r) for r in ranks))
 
 
 def nbytes(*tensors: Any) -> int:

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from distsim.core.errors import DistsimError
-from distsim.sim.timeline import Timeline, _ranges
+from distsim.sim.timeline import Timeline, format_ranges
 
 KIND_COLORS = {
     "forward": "#4C78A8",
@@ -68,7 +68,7 @@ def _rows(timeline: Timeline, max_rows: int) -> list[tuple[int, str]]:
         tl = timeline.expand()
         return [(g, f"GPU {g} (n{g // tl.gpus_per_node})") for g in tl.gpus]
     if len(reps) <= max_rows and any(len(r) > 1 for r in reps.values()):
-        return [(g, f"GPU {g}: {len(t)} GPUs ({_ranges(t)})") for g, t in sorted(reps.items())]
+        return [(g, f"GPU {g}: {len(t)} GPUs ({format_ranges(t)})") for g, t in sorted(reps.items())]
     # a full timeline with many GPUs: one row per distinct set of stages
     stages = timeline.df.groupby("gpu", observed=True)["stage"].agg(lambda s: tuple(sorted(set(s))))
     groups: dict[tuple[int, ...], list[int]] = defaultdict(list)

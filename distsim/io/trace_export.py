@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from distsim.io import perfetto as pf
-from distsim.sim.timeline import STREAM_ORDER, Timeline, _ranges
+from distsim.sim.timeline import STREAM_ORDER, Timeline, format_ranges
 
 FORMATS = {"json": "Chrome trace JSON", "json.gz": "gzip-compressed Chrome trace JSON",
            "pftrace": "Perfetto protobuf trace"}  # fmt: skip
@@ -154,7 +154,7 @@ class TraceSource:
         label = f"GPU {gpu} (node {gpu // self.gpus_per_node})"
         targets = self.timeline.represents.get(gpu, (gpu,))
         if not self.expand and len(targets) > 1:
-            label += f" - stands for {len(targets)} GPUs: {_ranges(targets)}"
+            label += f" - stands for {len(targets)} GPUs: {format_ranges(targets)}"
         return label
 
     def display_name(self, name_code: int, microbatch: int) -> str:

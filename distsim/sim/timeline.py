@@ -146,7 +146,7 @@ def _regroup(block: pd.DataFrame, rep: int, targets: tuple[int, ...], n: int, gr
         part, p = codes[rows], peer[rows]
         moved = {}
         for c in np.unique(part[part >= 0]).tolist():
-            label = _ranges(groups.moved(parse_ranges(labels[c]), rep, target)) if groups and labels[c] else ""
+            label = format_ranges(groups.moved(parse_ranges(labels[c]), rep, target)) if groups and labels[c] else ""
             moved[c] = index.setdefault(label, len(index))
         if moved:
             lookup = np.full(max(moved) + 1, -1, dtype=np.int64)
@@ -159,7 +159,7 @@ def _regroup(block: pd.DataFrame, rep: int, targets: tuple[int, ...], n: int, gr
 
 
 def parse_ranges(text: str) -> tuple[int, ...]:
-    """The integers of :func:`_ranges`'s text ("0-3, 8-11")."""
+    """The integers of :func:`format_ranges`'s text ("0-3, 8-11")."""
     out: list[int] = []
     for part in text.split(","):
         lo, _, hi = part.strip().partition("-")
@@ -167,8 +167,9 @@ def parse_ranges(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _ranges(values: tuple[int, ...]) -> str:
-    """'0-3, 8-11' for a set of integers."""
+def format_ranges(values: tuple[int, ...]) -> str:
+    """'0-3, 8-11' for a set of integers: how a timeline's ``group`` column writes GPUs (:func:`parse_ranges` reads
+    it back)."""
     vs = sorted(values)
     out, start, prev = [], vs[0], vs[0]
     for v in vs[1:]:
@@ -249,7 +250,7 @@ def comm_columns(flow: Any, idx: np.ndarray, gpu: np.ndarray, kind: np.ndarray) 
     for tid, members in flow.members.items():
         code = known.get(members)
         if code is None:
-            code = known[members] = labels.setdefault(_ranges(members), len(labels))
+            code = known[members] = labels.setdefault(format_ranges(members), len(labels))
         task_group[tid] = code
         if flow.kind[tid] == K_P2P and len(members) == 2:
             src[tid], dst[tid] = members
@@ -257,7 +258,9 @@ def comm_columns(flow: Any, idx: np.ndarray, gpu: np.ndarray, kind: np.ndarray) 
     model_parallel = np.isin(kind, (K_TP, K_EP, K_CP)) & (group == 0)
     if model_parallel.any() and flow.placement is not None:
         pairs = np.unique(np.stack([gpu[model_parallel], kind[model_parallel]], axis=1), axis=0)
-        code = {(g, k): labels.setdefault(_ranges(model_group(flow, g, k)), len(labels)) for g, k in pairs.tolist()}
+        code = {
+            (g, k): labels.setdefault(format_ranges(model_group(flow, g, k)), len(labels)) for g, k in pairs.tolist()
+        }
         group[model_parallel] = [code[(g, k)] for g, k in zip(gpu[model_parallel].tolist(),
                                                               kind[model_parallel].tolist(), strict=True)]  # fmt: skip
     s, d = src[idx], dst[idx]
