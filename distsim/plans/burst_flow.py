@@ -202,7 +202,7 @@ class _BurstBuilder(CommWriter):
         """A layer's forward or backward on GPU g at `samples` samples after `deps`; returns its last task."""
         flow = self.flow
         ops = self.template(layer, samples)[phase]
-        chain = Chain.of(ops, [(g, S_COMPUTE)] * len(ops), self.speed[g])
+        chain = Chain.of(ops, [self.slot(g, S_COMPUTE)] * len(ops), self.speed[g])
         host = None
         if self.host:  # the host waits for inputs from other GPUs (not for its own kernels), then enqueues
             name = f"launch {flow.model.layers[layer].name} {phase}"

@@ -440,13 +440,14 @@ class Chain:
         return self.launch_ends[-1] if self.launch_ends else 0.0
 
     @classmethod
-    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[int, int]], speed: float) -> Chain:
-        """Ops with their slots; compute durations scaled by the GPU's `speed` factor (as :meth:`action` does). The
-        first op waits for the chain's first dependencies, a compute op or a collective (sequence parallelism's
-        all-gather starts a block)."""
+    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[tuple[int, int]]], speed: float) -> Chain:
+        """Ops with their slots, each the one-slot tuple a builder shares among its tasks on that stream (the
+        per-GPU figures group tasks by it: :func:`distsim.sim.metrics.slot_groups`); compute durations scaled by the
+        GPU's `speed` factor (as :meth:`action` does). The first op waits for the chain's first dependencies, a
+        compute op or a collective (sequence parallelism's all-gather starts a block)."""
         seen: dict[tuple[int, int], int] = {}
         links = []
-        for i, slot in enumerate(slots):
+        for i, (slot,) in enumerate(slots):
             links.append((i == 0, seen.get(slot, -1)))
             seen[slot] = i
         durations = tuple(op.scaled(speed) for op in ops)
@@ -454,7 +455,7 @@ class Chain:
         constrained = tuple(i for i in range(len(ops)) if i == 0 or durations[i - 1] < ops[i].launch)
         return cls(
             durations=durations,
-            slots=tuple((slot,) for slot in slots),
+            slots=tuple(slots),
             kinds=tuple(op.kind for op in ops),
             names=tuple(op.name for op in ops),
             layers=tuple(op.layer for op in ops),

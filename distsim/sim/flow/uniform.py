@@ -453,8 +453,8 @@ class _Builder(CommWriter):
                 parts[-1].append(o)
             out = []
             for part in parts:
-                slots = [self.comm_slots(S_TP, o.comm.scope, (g,))[0] if o.kind in MODEL_PARALLEL and o.comm is not None
-                         else (g, S_COMPUTE) for o in part]  # fmt: skip
+                slots = [self.comm_slots(S_TP, o.comm.scope, (g,)) if o.kind in MODEL_PARALLEL and o.comm is not None
+                         else self.slot(g, S_COMPUTE) for o in part]  # fmt: skip
                 done = part[-1].layer if part[-1].layer in cuts else None
                 out.append((Chain.of(part, slots, self.speed[g]), done))
             got = self.chains[key] = (out, sum(c.launch_s for c, _ in out))
