@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from distsim.core.cluster import Cluster
 from distsim.core.collectives import collective_s, ring_steps, tree_steps
@@ -34,6 +35,22 @@ from distsim.sim.flow.events import (
     StageOp,
 )
 from distsim.sim.network import NetUse
+
+
+class P2PPlan(NamedTuple):
+    """A transfer as :meth:`CommWriter.emit_p2p` emits it for any micro-batch: its instance (sender first), duration,
+    slots, event key and name; the shadow it casts on the sender's compute stream (measured interference) and that
+    stream's slots (None: no shadow); its event and its cost alone (fair sharing's network task)."""
+
+    inst: CommInstance
+    dur: float
+    slots: tuple[tuple[int, int], ...]
+    key: int
+    name: str
+    shadow: float
+    shadow_slots: tuple[tuple[int, int]] | None
+    ev: CommEvent
+    alone_s: float
 
 
 class CommWriter:
@@ -131,7 +148,10 @@ class CommWriter:
             name: str | None = None) -> int:  # fmt: skip
         """One activation or gradient transfer between two GPUs after the sender's task `dep` (named `name`, by
         default "`what` `src_vs`->`dst_vs`"); returns its task."""
-        flow = self.flow
+        return self.emit_p2p(self.p2p_plan(inst, nbytes, name or f"{what} {src_vs}->{dst_vs}"), src_vs, mb, dep)
+
+    def p2p_plan(self, inst: CommInstance, nbytes: int, name: str) -> P2PPlan:
+        """How a transfer of `nbytes` over `inst` is emitted, the same for every micro-batch (:meth:`emit_p2p`)."""
         sharers = self.sharers(inst)
         known = (nbytes, inst.scope, sharers)
         priced = self._p2p.get(known)
@@ -141,19 +161,27 @@ class CommWriter:
             dur, shadow = cost.seconds, 0.0
             if not self.options.p2p_blocking:
                 dur, shadow = self.overlapped(cost.seconds, inst.scope)
-            priced = self._p2p[known] = (flow.intern(ev.key, cost, "p2p"), dur, shadow, ev, cost.seconds)
+            priced = self._p2p[known] = (self.flow.intern(ev.key, cost, "p2p"), dur, shadow, ev, cost.seconds)
         key, dur, shadow, ev, alone_s = priced
         src = inst.gpus[0]
         # with serialize the transfer holds the link at both ends
         slots = self.comm_slots(S_P2P, inst.scope, inst.gpus) if self.serialize else self.slot(src, S_P2P)
         if self.options.p2p_blocking:  # the sender's compute stream is busy too (DistSim Algorithm 1)
             slots = ((src, S_COMPUTE), *(x for x in slots if x[1] != S_P2P))
-        tid = flow.add(dur, slots, K_P2P, name or f"{what} {src_vs}->{dst_vs}", -1, src_vs, mb, key, [dep])
-        flow.members[tid] = inst.gpus
+        shadow_slots = self.slot(src, S_COMPUTE) if shadow > 0 and src in self.speed else None
+        return P2PPlan(inst, dur, slots, key, name, shadow, shadow_slots, ev, alone_s)
+
+    def emit_p2p(self, plan: P2PPlan, src_vs: int, mb: int, dep: int) -> int:
+        """The transfer `plan` describes, of micro-batch `mb` after the sender's task `dep`, and its shadow on the
+        sender's compute stream; returns its task."""
+        flow = self.flow
+        tid = flow.add(plan.dur, plan.slots, K_P2P, plan.name, -1, src_vs, mb, plan.key, [dep])
+        flow.members[tid] = plan.inst.gpus
         if self.fair:
-            self.network_task(tid, inst, ev, alone_s)
-        if shadow > 0:
-            self.shadow(shadow, (src,), [dep], src_vs, mb, key)
+            self.network_task(tid, plan.inst, plan.ev, plan.alone_s)
+        if plan.shadow_slots is not None:
+            flow.add(plan.shadow, plan.shadow_slots, K_SHADOW, "overlapped communication", -1, src_vs, mb, plan.key,
+                     [dep])  # fmt: skip
         return tid
 
     def allreduce(

@@ -29,7 +29,7 @@ from distsim.core.sync import (
     lower,
 )
 from distsim.sim.costs import CostSource, framework_of
-from distsim.sim.flow.comm import CommWriter, compute_after, gather_name, prefetch_gates
+from distsim.sim.flow.comm import CommWriter, P2PPlan, compute_after, gather_name, prefetch_gates
 from distsim.sim.flow.events import (
     K_CP,
     K_EP,
@@ -95,6 +95,10 @@ def _tied_pairs(model: Model, strategy: Strategy, costs: CostSource) -> list[tup
                    if layer.tied_to is not None} - {(r, r) for r in range(strategy.pp)})  # fmt: skip
 
 
+OneGpuPlan = tuple[int, list[tuple[Chain, int | None]], float, tuple[int, P2PPlan] | None]
+"""(GPU, chains, host seconds to launch them, transfer after them) of an action on one GPU
+(:meth:`_Builder._one_gpu_plan`)."""
+
 MODEL_PARALLEL = (K_TP, K_EP, K_CP)
 """Kinds of the communication a layer's template holds (on the ``tp`` stream): tensor-, expert- and
 context-parallel."""
@@ -141,7 +145,7 @@ class _Builder(CommWriter):
         self.loss: dict[tuple[int, int, int, int], int] = {}  # (vs, mb, d, t) -> the last stage's forward end
         self.pairs: dict[tuple[int, int], list[CommInstance]] = {}
         self.sends: dict[tuple[int, str], tuple] = {}  # (stage, op) -> what send() sends after it (_send_plan)
-        self.gpu_of: dict[tuple[int, int, int], int] = {}  # (rank, replica, tp rank) -> GPU, read from the grid once
+        self.one_gpu: dict[tuple[int, str, frozenset[int]], OneGpuPlan] = {}  # (stage, op, cuts) -> its plan
         self.last_b = self._last_backward_mb()
         self.rank_layers = [set(rank_layers(flow.stage_ranges, self.pp, r)) for r in range(self.pp)]
         self.after: list[dict[int, float]] = []  # per pipeline rank: backward compute after each layer's (last mb)
@@ -405,38 +409,54 @@ class _Builder(CommWriter):
 
     def _action_on_one_gpu(self, r: int, a: Action, cuts: frozenset[int]) -> None:
         """:meth:`action` when one GPU stands for the whole pipeline rank (a symmetric simulation, or tp = dp = 1):
-        the template's ops are one chain (split after the layers that complete a gradient bucket), emitted at once."""
+        the template's ops are one chain (split after the layers that complete a gradient bucket), emitted at once,
+        as the action's plan (:meth:`_one_gpu_plan`, the same for every micro-batch) lays them out."""
+        stage, op, mb = a.stage, a.op, a.microbatch
+        plan = self.one_gpu.get((stage, op, cuts))
+        if plan is None:
+            plan = self.one_gpu[(stage, op, cuts)] = self._one_gpu_plan(r, a, cuts)
+        g, chains, launch_s, send = plan
         d, t = self.lanes_d[0], self.lanes_t[0]
-        if a.op == "F":
-            frontier = [self.incoming.pop((a.stage, "F", a.microbatch, d, t))] if a.stage > 0 else []
-        elif a.stage < self.num_stages - 1:
-            frontier = [self.incoming.pop((a.stage, "B", a.microbatch, d, t))]
+        if op == "F":
+            frontier = [self.incoming.pop((stage, "F", mb, d, t))] if stage > 0 else []
+        elif stage < self.num_stages - 1:
+            frontier = [self.incoming.pop((stage, "B", mb, d, t))]
         else:
             frontier = []
-        g = self.gpu_of.get((r, d, t))
-        if g is None:
-            g = self.gpu_of[(r, d, t)] = int(self.grid[r, d, t])
-        chains, launch_s = self._chains(a.stage, d, a.op, g, cuts)
         host, offset = None, 0.0
         if self.host:  # the host waits for the received data, then enqueues the action's kernels
-            host = self.launch(g, launch_s, list(frontier), a.stage, a.microbatch, f"launch {a}")
+            host = self.launch(g, launch_s, list(frontier), stage, mb, f"launch {stage}{op}{mb}")
         last = -1
         first = frontier + self._loss(a, d, t)
-        ops = self.template(a.stage, d)[a.op] if self.fair else []
+        ops = self.template(stage, d)[op] if self.fair else []
         done = 0  # ops emitted so far
         for chain, layer in chains:
             anchor = (host, offset) if host is not None else None
-            last = self.flow.add_chain(chain, first if last < 0 else [last], a.stage, a.microbatch, anchor,
+            last = self.flow.add_chain(chain, first if last < 0 else [last], stage, mb, anchor,
                                        self.options.exact_host)  # fmt: skip
             offset += chain.launch_s
             n = len(chain.durations)
-            for i in range(n) if self.fair else ():
-                self.tp_network(last - n + 1 + i, ops[done + i], r, d)
+            for k in range(n) if self.fair else ():
+                self.tp_network(last - n + 1 + k, ops[done + k], r, d)
             done += n
             if layer is not None:
                 for bucket in self.sync[r].by_layer[layer]:
-                    self.grad_allreduce(r, a.stage, {t: [last]}, bucket)
-        self.send(r, a, d, [g], [last])
+                    self.grad_allreduce(r, stage, {t: [last]}, bucket)
+        if send is None:
+            if op == "F":  # the last stage's forward: its end, for the backward of the same micro-batch
+                self.loss[(stage, mb, d, t)] = last
+            return
+        dst_vs, p2p = send
+        self.incoming[(dst_vs, op, mb, d, t)] = self.emit_p2p(p2p, stage, mb, last)
+
+    def _one_gpu_plan(self, r: int, a: Action, cuts: frozenset[int]) -> OneGpuPlan:
+        """What :meth:`_action_on_one_gpu` emits for any micro-batch of `a`'s stage and op: the GPU, the template's
+        chains and the host seconds to launch them, and the transfer after them (destination stage and
+        :class:`~distsim.sim.flow.comm.P2PPlan`; None: no transfer)."""
+        d, t = self.lanes_d[0], self.lanes_t[0]
+        g = int(self.grid[r, d, t])
+        chains, launch_s = self._chains(a.stage, d, a.op, g, cuts)
+        return g, chains, launch_s, self._p2p_after(r, a, d, t)
 
     def _chains(self, vs: int, d: int, op: str, g: int,
                 cuts: frozenset[int]) -> tuple[list[tuple[Chain, int | None]], float]:  # fmt: skip
@@ -467,25 +487,33 @@ class _Builder(CommWriter):
             for j, t in enumerate(self.lanes_t):
                 self.loss[(a.stage, a.microbatch, d, t)] = last[j]
             return
+        for j, t in enumerate(self.lanes_t):
+            send = self._p2p_after(r, a, d, t)
+            if send is None:
+                return
+            dst_vs, p2p = send
+            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = self.emit_p2p(p2p, a.stage, a.microbatch, last[j])
+
+    def _p2p_after(self, r: int, a: Action, d: int, t: int) -> tuple[int, P2PPlan] | None:
+        """The transfer after an action of `a`'s stage and op on replica d, tp rank t (the same for every
+        micro-batch): its destination stage and plan, planned once per lane; None for none."""
         plan = self.sends.get((a.stage, a.op))
         if plan is None:
             plan = self.sends[(a.stage, a.op)] = self._send_plan(r, a)
         if not plan:
-            return
-        dst_vs, what, nbytes, name, pairs, seen = plan
-        for j, t in enumerate(self.lanes_t):
-            i = d * self.tp + t
-            inst = seen.get(i)
-            if inst is None:  # an instance is built when asked for: once per lane, not once per micro-batch
-                inst = seen[i] = pairs[i]
-            tid = self.p2p(inst, nbytes, what, a.stage, dst_vs, a.microbatch, last[j], name)
-            self.incoming[(dst_vs, a.op, a.microbatch, d, t)] = tid
+            return None
+        dst_vs, nbytes, name, pairs, planned = plan
+        i = d * self.tp + t
+        got = planned.get(i)
+        if got is None:  # planned when asked for: once per lane, not once per micro-batch
+            got = planned[i] = (dst_vs, self.p2p_plan(pairs[i], nbytes, name))
+        return got
 
-    def _send_plan(self, r: int, a: Action) -> tuple[int, str, int, str, Sequence[CommInstance],
-                                                      dict[int, CommInstance]] | tuple[()]:  # fmt: skip
+    def _send_plan(self, r: int, a: Action) -> tuple[int, int, str, Sequence[CommInstance],
+                                                      dict[int, tuple[int, P2PPlan]]] | tuple[()]:  # fmt: skip
         """What :meth:`send` sends after an action of `a`'s stage and op (the same for every micro-batch): the
-        destination stage, what it is, its bytes, the transfer's name, the rank pair's instances and those of them
-        used so far; () for none."""
+        destination stage, its bytes, the transfer's name, the rank pair's instances and the lanes' transfers
+        planned so far; () for none."""
         if a.op == "F" and a.stage < self.num_stages - 1:
             dst_vs, what = a.stage + 1, "act"
         elif a.op == "B" and a.stage > 0:
@@ -499,7 +527,7 @@ class _Builder(CommWriter):
         pairs = self.pairs.get((r, dst_r))
         if pairs is None:
             pairs = self.pairs[(r, dst_r)] = self.placement.p2p_pairs(r, dst_r)
-        return dst_vs, what, nbytes, f"{what} {a.stage}->{dst_vs}", pairs, {}
+        return dst_vs, nbytes, f"{what} {a.stage}->{dst_vs}", pairs, {}
 
     # ------------------------------------------------------------------------------------------ data parallel
     def grad_allreduce(self, r: int, stage: int, per_t: dict[int, list[int]], bucket: Bucket) -> list[int]:
