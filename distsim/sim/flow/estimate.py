@@ -11,7 +11,7 @@ from distsim.core.strategy import Strategy
 from distsim.core.sync import MODES, SHARDINGS, GradUnit, SyncContext, SyncSettings, lower, tensor_bytes
 from distsim.sim.costs import CostSource, framework_of
 from distsim.sim.flow.comm import models_host
-from distsim.sim.flow.events import FlowOptions, resolve_partition
+from distsim.sim.flow.events import FlowOptions, memoised, resolve_partition
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
 from distsim.sim.flow.recompute import eligible_layers, has_attention, recomputed_layers
 from distsim.sim.flow.templates import collective_count
@@ -96,7 +96,14 @@ def _expert_parallel_tasks(model: Model, strategy: Strategy, dl: int, tl: int, r
 def bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int, int]:
     """(buckets issued during backward, buckets issued after it, buckets overlapped with backward: those issued
     during it but not after the rank's last backward, its first layer's) for a rank holding `held`, without costs:
-    exact for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise."""
+    exact for modes that need none (bulk, wfbp, ddp, a given merge plan), the per-layer count as a bound otherwise.
+    Answered once per question inside :func:`~distsim.sim.flow.events.shared_partitions` (a search asks it of every
+    configuration's ranks)."""
+    question = (tuple(sorted(held)), strategy.tp, strategy.grad_sync, strategy.bucket_cap_mb, strategy.grad_groups)
+    return memoised("buckets", model, None, question, lambda: _bucket_bound(model, strategy, held))  # type: ignore[no-any-return]
+
+
+def _bucket_bound(model: Model, strategy: Strategy, held: set[int]) -> tuple[int, int, int]:
     tensors = {i: tensor_bytes(model.stored_tensors(i, held, strategy.tp), model.precision.grad_bytes) for i in held}
     units = tuple(GradUnit(i, tensors[i]) for i in sorted(held, reverse=True))
     if MODES[strategy.grad_sync].planned and not strategy.grad_groups:

@@ -57,7 +57,7 @@ the flow of a stages plan, and :mod:`distsim.sim.flow.comm` places the communica
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -481,17 +481,17 @@ def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[f
     return out
 
 
-PartitionKey = tuple[int, int, tuple[int, ...] | None, int, int, int]
-PartitionMemo = dict[PartitionKey, tuple[Model, CostSource, tuple[tuple[int, int], ...]]]
-"""Partitions by (id(model), id(costs), the strategy's partition, micro-batch size, tp, stages), each entry with
-its model and costs."""
+PartitionMemo = dict[tuple[Any, ...], tuple[Model, "CostSource | None", Any]]
+"""What :func:`memoised` answered, by (what, id(model), id(costs), the rest of the question), each entry with its
+model and costs (partitions: the strategy's partition, micro-batch size, tp and stages)."""
 _MEMO_ENTRIES = 256
 _PARTITIONS: ContextVar[PartitionMemo | None] = ContextVar("distsim_partitions", default=None)
 
 
 @contextmanager
 def shared_partitions(memo: PartitionMemo | None = None) -> Iterator[None]:
-    """Within the block, :func:`resolve_partition` answers each (model, costs, shape) once. A search resolves the
+    """Within the block, :func:`resolve_partition` (and the other questions :func:`memoised` answers) answers each
+    (model, costs, shape) once. A search resolves the
     same partition for a configuration's memory check, its task estimate and its flow, and again for every
     configuration of the same shape (micro-batch size, tp, stages), and each answer weighs every layer's cost:
     about 7 ms for GPT-3 175B, a tenth of a grid's work. Scoped, not global, because model and costs are keyed by
@@ -509,21 +509,29 @@ def shared_partitions(memo: PartitionMemo | None = None) -> Iterator[None]:
         _PARTITIONS.reset(token)
 
 
-def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tuple[tuple[int, int], ...]:
-    """[start, end) layer ranges per virtual stage: the strategy's partition or a compute-balanced one (memoised
-    inside :func:`shared_partitions`)."""
+def memoised(what: str, model: Model, costs: CostSource | None, question: tuple[Any, ...],
+             answer: Callable[[], Any]) -> Any:  # fmt: skip
+    """`answer()`, asked once per (`what`, model, costs, `question`) inside :func:`shared_partitions` (model and
+    costs by identity, checked on a hit); outside it, asked every time."""
     memo = _PARTITIONS.get()
     if memo is None:
-        return _resolve_partition(model, strategy, costs)
-    key = (id(model), id(costs), strategy.partition, strategy.micro_batch_size, strategy.tp, strategy.num_stages)
+        return answer()
+    key = (what, id(model), id(costs), *question)
     hit = memo.get(key)
     if hit is not None and hit[0] is model and hit[1] is costs:
         return hit[2]
-    stage_ranges = _resolve_partition(model, strategy, costs)
+    got = answer()
     if len(memo) >= _MEMO_ENTRIES:  # models made per configuration (rank_view under ep or cp) would pile up
         memo.clear()
-    memo[key] = (model, costs, stage_ranges)
-    return stage_ranges
+    memo[key] = (model, costs, got)
+    return got
+
+
+def resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tuple[tuple[int, int], ...]:
+    """[start, end) layer ranges per virtual stage: the strategy's partition or a compute-balanced one (memoised
+    inside :func:`shared_partitions`)."""
+    question = (strategy.partition, strategy.micro_batch_size, strategy.tp, strategy.num_stages)
+    return memoised("partition", model, costs, question, lambda: _resolve_partition(model, strategy, costs))  # type: ignore[no-any-return]
 
 
 def _resolve_partition(model: Model, strategy: Strategy, costs: CostSource) -> tuple[tuple[int, int], ...]:
