@@ -129,7 +129,13 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     if len(starts) == 0:
         return np.empty(0), np.empty(0)
     order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
+    return _merge_sorted(starts[order], ends[order])
+
+
+def _merge_sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_intervals` of intervals already in order of their starts."""
+    if len(s) == 0:
+        return np.empty(0), np.empty(0)
     reach = np.maximum.accumulate(e)
     breaks = np.empty(len(s), dtype=bool)
     breaks[0] = True
@@ -228,11 +234,20 @@ def stats_of_rows(gpu: np.ndarray, is_compute: np.ndarray, start_s: np.ndarray, 
 
 def _figures(c: np.ndarray, s: np.ndarray, e: np.ndarray, iteration: float) -> tuple[float, float, float, float]:
     """(compute, comm, exposed comm, idle) of one GPU from its device rows (compute or not, start and end from the
-    iteration's start), in any order: unions of intervals, which do not depend on it."""
-    compute = union_length(s[c], e[c])
-    comm = union_length(s[~c], e[~c])
-    busy = union_length(s, e)
+    iteration's start), in any order: unions of intervals, which do not depend on it. The rows are put in order of
+    their starts once; the compute and communication rows keep that order (each union as its own sort gave it)."""
+    order = np.argsort(s, kind="stable")
+    c, s, e = c[order], s[order], e[order]
+    compute = _sorted_length(s[c], e[c])
+    comm = _sorted_length(s[~c], e[~c])
+    busy = _sorted_length(s, e)
     return compute, comm, busy - compute, iteration - busy
+
+
+def _sorted_length(s: np.ndarray, e: np.ndarray) -> float:
+    """:func:`union_length` of intervals in order of their starts."""
+    seg_start, seg_end = _merge_sorted(s, e)
+    return float(np.sum(seg_end - seg_start))
 
 
 def _table(classes: list[tuple[float, ...]], represents: dict[int, tuple[int, ...]],

@@ -152,7 +152,8 @@ class EventFlow:
     is a fifth of a list). :attr:`deps` expands both."""
     slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
     """(gpu, stream) pairs each task occupies; a timeline row per slot."""
-    kind: MutableSequence[int] = field(default_factory=list)
+    kind: MutableSequence[int] = field(default_factory=bytearray)
+    """Each task's kind (:data:`KINDS`), one byte each: numpy reads it without a copy."""
     name: list[str] = field(default_factory=list)
     layer: MutableSequence[int] = field(default_factory=list)
     stage: MutableSequence[int] = field(default_factory=list)
