@@ -275,7 +275,7 @@ def flow_stats(flow: Any, start_s: Sequence[float], end_s: Sequence[float]) -> t
 
     kind = np.asarray(flow.kind, dtype=np.int8)
     start, end = np.asarray(start_s, dtype=np.float64), np.asarray(end_s, dtype=np.float64)
-    perm, groups = slot_groups(flow.slots)
+    perm, groups = slot_groups(flow)
     rowful = kind != KINDS.index("interference")  # shadows: no rows
     of_gpu: dict[int, list[tuple[int, int]]] = {}
     for a, b, slots in groups:
@@ -299,17 +299,22 @@ def flow_stats(flow: Any, start_s: Sequence[float], end_s: Sequence[float]) -> t
     return iteration, _table(classes, dict(flow.represents), flow.cluster.gpus_per_node)
 
 
-def slot_groups(slots: Sequence[tuple[tuple[int, int], ...]]) -> tuple[np.ndarray, list[tuple[int, int, tuple]]]:
-    """Task ids grouped by slots tuple (by identity: builders share them; equal tuples that are not shared make
-    groups of their own): the ids in group order, and each group's (first position, end position, slots)."""
-    ids = np.fromiter(map(id, slots), dtype=np.int64, count=len(slots))
-    perm = np.argsort(ids, kind="stable")
-    ids.sort()  # in place: ids[perm] would be a third array of the flow's length
-    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
-    del ids
-    firsts = [0, *cuts.tolist()]
-    lasts = [*cuts.tolist(), len(slots)] if len(slots) else []
-    return perm, [(a, b, slots[perm[a]]) for a, b in zip(firsts, lasts, strict=False)]
+def slot_groups(flow: Any) -> tuple[np.ndarray, list[tuple[int, int, tuple]]]:
+    """A flow's task ids grouped by their slots tuple (:attr:`~distsim.sim.flow.events.EventFlow.slot_code`: by
+    identity; equal tuples that are not shared make groups of their own): the ids in group order, and each group's
+    (first position, end position, slots)."""
+    codes = np.frombuffer(flow.slot_code, dtype=np.int32) if len(flow.slot_code) else np.empty(0, dtype=np.int32)
+    sets = flow.slot_sets
+    if len(sets) <= 1 << 16:  # numpy sorts 16-bit numbers in linear time (a radix sort)
+        codes = codes.astype(np.uint16)
+    perm = np.argsort(codes, kind="stable")
+    counts = np.bincount(codes, minlength=len(sets)).tolist()
+    out, at = [], 0
+    for code, count in enumerate(counts):
+        if count:
+            out.append((at, at + count, sets[code]))
+            at += count
+    return perm, out
 
 
 def of_flow(flow: Any, start_s: Sequence[float], end_s: Sequence[float]) -> Metrics:

@@ -30,6 +30,7 @@ def plain_add(self: EventFlow, dur: float, slots: tuple[tuple[int, int], ...], k
     columns = (self.duration_s, self.slots, self.kind, self.name, self.layer, self.stage, self.microbatch, self.key)
     for column, value in zip(columns, (dur, slots, kind, name, layer, stage, mb, key), strict=True):
         column.append(value)
+    self.slot_code.append(self._code(slots))
     return tid
 
 

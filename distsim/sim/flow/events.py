@@ -152,6 +152,11 @@ class EventFlow:
     is a fifth of a list). :attr:`deps` expands both."""
     slots: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
     """(gpu, stream) pairs each task occupies; a timeline row per slot."""
+    slot_code: array[int] = field(default_factory=lambda: array("i"))
+    """Each task's :attr:`slots` tuple as a number: the tuple's index in :attr:`slot_sets` (builders share one
+    tuple per stream or group, so a flow has a few hundred; the per-GPU figures group tasks by it)."""
+    slot_sets: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    """The distinct :attr:`slots` tuples, by identity, in the order first used."""
     kind: MutableSequence[int] = field(default_factory=bytearray)
     """Each task's kind (:data:`KINDS`), one byte each: numpy reads it without a copy."""
     name: list[str] = field(default_factory=list)
@@ -173,6 +178,10 @@ class EventFlow:
     """Fair link sharing: network task -> how it uses the nodes' NICs; its duration is its cost alone (empty with
     the other modes: nothing is shared in time)."""
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _codes: dict[int, int] = field(default_factory=dict, repr=False)
+    """id of a :attr:`slots` tuple (kept alive by the column) -> its :attr:`slot_code`."""
+    _chain_codes: dict[int, array[int]] = field(default_factory=dict, repr=False)
+    """id of a chain added (kept alive by :attr:`_runs`) -> the slot codes of its ops."""
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
     _singles: bool = field(default=False, repr=False)
     """Whether :attr:`_deps` holds an int (:meth:`_expand_singles`)."""
@@ -296,6 +305,8 @@ class EventFlow:
             self._deps.append(deps)
         self.duration_s.append(dur)
         self.slots.append(slots)
+        code = self._codes.get(id(slots))
+        self.slot_code.append(self._code(slots) if code is None else code)
         self.kind.append(kind)
         self.name.append(name)
         self.layer.append(layer)
@@ -303,6 +314,14 @@ class EventFlow:
         self.microbatch.append(mb)
         self.key.append(key)
         return tid
+
+    def _code(self, slots: tuple[tuple[int, int], ...]) -> int:
+        """The :attr:`slot_code` of a slots tuple, a new one the first time it is seen."""
+        code = self._codes.get(id(slots))
+        if code is None:
+            code = self._codes[id(slots)] = len(self.slot_sets)
+            self.slot_sets.append(slots)
+        return code
 
     def release(self, host_task: int, task: int, offset_s: float) -> None:
         """`task` starts no earlier than `offset_s` after `host_task` starts (its kernel's launch ends then)."""
@@ -352,6 +371,10 @@ class EventFlow:
             stages, mbs = array("i", (stage,)) * n, array("i", (mb,)) * n
         self.duration_s.extend(durations)
         self.slots.extend(chain.slots)
+        codes = self._chain_codes.get(id(chain))
+        if codes is None:
+            codes = self._chain_codes[id(chain)] = array("i", [self._code(x) for x in chain.slots])
+        self.slot_code.extend(codes)
         self.kind.extend(kinds)
         self.name.extend(chain.names)
         self.layer.extend(layers)
