@@ -195,32 +195,32 @@ def _in_id_order(
     rises, and the task starts no earlier than its floor. That is the same maximum as reading them when the task
     comes, without an index of every task's releases (a full flow has millions)."""
     prev = PREV
-    floor: list[float | None] = [None] * len(duration_s)
+    floor = [_NO_FLOOR] * len(duration_s)
     hosts = sorted(releases)
     hosts.append(-1)
     k = 0
     host = hosts[0]
-    for j in range(len(duration_s)):
-        ds = deps[j]
+    e = 0.0  # the end of the task before
+    for j, ds, t, d in zip(range(len(duration_s)), deps, floor, duration_s):  # floor[j] as pushed by then
         if ds is prev:  # the task before it alone, which ended at or after 0
-            s = end[j - 1]
+            s = e
         elif type(ds) is int:  # one task, which ended at or after 0
             if ds >= j:
                 return False
             s = end[ds]
         else:
             s = 0.0
-            for d in ds:
-                if d >= j:
+            for x in ds:
+                if x >= j:
                     return False
-                e = end[d]
+                e = end[x]
                 if e > s:
                     s = e
-        t = floor[j]
-        if t is not None and t > s:
+        if t > s:
             s = t
         start[j] = s
-        end[j] = s + duration_s[j]
+        e = s + d
+        end[j] = e
         if j == host:
             if not _push(floor, j, s, releases[j]):
                 return False
@@ -229,7 +229,11 @@ def _in_id_order(
     return True
 
 
-def _push(floor: list[float | None], h: int, s: float, items: Sequence[object]) -> bool:
+_NO_FLOOR = float("-inf")
+"""A task's release floor before any host task pushed one (every start is at least 0)."""
+
+
+def _push(floor: list[float], h: int, s: float, items: Sequence[object]) -> bool:
     """Raise the floors of the tasks host task `h`, started at `s`, releases; False if one of them is not later
     than `h` (the flow is not in id order)."""
     if type(items) is Releases:
@@ -237,8 +241,7 @@ def _push(floor: list[float | None], h: int, s: float, items: Sequence[object]) 
             if r <= h:
                 return False
             t = s + offset
-            got = floor[r]
-            if got is None or t > got:
+            if t > floor[r]:
                 floor[r] = t
         return True
     for item in items:
@@ -249,16 +252,14 @@ def _push(floor: list[float | None], h: int, s: float, items: Sequence[object]) 
                 if r <= h:
                     return False
                 t = s + (base + ends[i])
-                got = floor[r]
-                if got is None or t > got:
+                if t > floor[r]:
                     floor[r] = t
         else:
             r, offset = item  # type: ignore[misc]
             if r <= h:
                 return False
             t = s + offset
-            got = floor[r]
-            if got is None or t > got:
+            if t > floor[r]:
                 floor[r] = t
     return True
 
