@@ -201,7 +201,7 @@ def _in_id_order(
     k = 0
     host = hosts[0]
     e = 0.0  # the end of the task before
-    for j, ds, t, d in zip(range(len(duration_s)), deps, floor, duration_s):  # floor[j] as pushed by then
+    for j, ds, t, d in zip(range(len(duration_s)), deps, floor, duration_s, strict=True):  # floor[j] as pushed by then
         if ds is prev:  # the task before it alone, which ended at or after 0
             s = e
         elif type(ds) is int:  # one task, which ended at or after 0

@@ -177,6 +177,11 @@ class EventFlow:
     network: dict[int, NetUse] = field(default_factory=dict)
     """Fair link sharing: network task -> how it uses the nodes' NICs; its duration is its cost alone (empty with
     the other modes: nothing is shared in time)."""
+    costed: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
+    """The stage templates' events costed so far (:mod:`distsim.sim.flow.templates`), shared by the flow's stages."""
+    _same: dict[int, Any] = field(default_factory=dict, repr=False)
+    """id of a model's block -> the first block equal to it (:meth:`same_block`)."""
+    _blocks: dict[Any, Any] = field(default_factory=dict, repr=False)
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _codes: dict[int, int] = field(default_factory=dict, repr=False)
     """id of a :attr:`slots` tuple (kept alive by the column) -> its :attr:`slot_code`."""
@@ -256,6 +261,15 @@ class EventFlow:
     @property
     def simulated_gpus(self) -> list[int]:
         return sorted(self.represents)
+
+    def same_block(self, block: Any) -> Any:
+        """The first block of the model equal to `block` that the flow met (the layers of a transformer stack hold
+        equal blocks): the stage templates cost it once for all of them. By identity after the first meeting
+        (comparing blocks walks their fields)."""
+        same = self._same.get(id(block))
+        if same is None:
+            same = self._same[id(block)] = self._blocks.setdefault(block, block)
+        return same
 
     def intern(self, key: str, cost: Cost, kind: str) -> int:
         idx = self._key_index.get(key)

@@ -77,17 +77,19 @@ class _Blocks:
         strategy = flow.strategy
         self.tp, self.dtype = strategy.tp, flow.model.precision.name
         self.sp = strategy.sequence_parallel and strategy.tp > 1
-        self._events: dict[tuple[int, str], tuple[ComputeEvent, Cost]] = {}  # (id of a model's block, phase)
+        self._events = flow.costed  # shared by the flow's stages: equal blocks of different layers cost the same
         self.framework = framework_of(costs)
         self.overlap = (self.framework.tp_comm_overlap and self.sp and tp_instance is not None
                         and tp_instance.scope == "intra")  # fmt: skip
         """Megatron's --tp-comm-overlap: each collective pipelined with the GEMM beside it (:meth:`overlapped`)."""
 
     def event(self, block: Block, phase: str) -> tuple[ComputeEvent, Cost]:
-        """The compute event a block runs (its sequence-parallel form where that differs) and its cost."""
-        known = self._events.get((id(block), phase))
+        """The compute event a block runs (its sequence-parallel form where that differs) and its cost, once per
+        flow for equal blocks (:meth:`~distsim.sim.flow.events.EventFlow.same_block`), phase and micro-batch size."""
+        known_key = ("compute", id(self.flow.same_block(block)), phase, self.mbs)
+        known = self._events.get(known_key)
         if known is not None:
-            return known
+            return known  # type: ignore[no-any-return]
         ev = ComputeEvent(block, phase, self.mbs, self.tp, self.dtype)
         sp_block = sequence_parallel_block(block) if self.sp else None
         if sp_block is None:
@@ -95,7 +97,7 @@ class _Blocks:
         else:
             derived = ComputeEvent(sp_block, phase, self.mbs, self.tp, self.dtype)
             out = derived, share_cost(self.costs, self.flow.cluster.gpu, ev, derived)
-        self._events[(id(block), phase)] = out
+        self._events[known_key] = out
         return out
 
     def ops(self, li: int, block: Block, phase: str) -> tuple[StageOp, ...]:
@@ -229,11 +231,16 @@ class _Blocks:
 
     def collective(self, collective: str, per_sample: float, label: str, li: int) -> StageOp:
         assert self.inst is not None
-        cev = CommEvent(collective, round(per_sample * self.mbs), self.tp, self.inst.scope, self.inst.sharers)
-        cost = self.costs.comm(cev)
-        key = self.flow.intern(cev.key, cost, "tp_" + collective.replace("_", ""))
-        launch = cost.launch_s or self.flow.cluster.gpu.kernel_launch_s  # one collective kernel
-        return StageOp(K_TP, cost.seconds, key, label, li, cev, launch)
+        fields = (collective, round(per_sample * self.mbs), self.tp, self.inst.scope, self.inst.sharers)
+        known = self._events.get(fields)  # costed once per flow
+        if known is None:
+            cev = CommEvent(*fields)
+            cost = self.costs.comm(cev)
+            key = self.flow.intern(cev.key, cost, "tp_" + collective.replace("_", ""))
+            launch = cost.launch_s or self.flow.cluster.gpu.kernel_launch_s  # one collective kernel
+            known = self._events[fields] = (cev, cost.seconds, key, launch)
+        cev, seconds, key, launch = known
+        return StageOp(K_TP, seconds, key, label, li, cev, launch)
 
     def core(self, li: int, block: Block) -> StageOp | None:
         """Selective recomputation's op for the block: its attention core's forward, or None."""
