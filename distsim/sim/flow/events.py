@@ -295,7 +295,7 @@ class EventFlow:
         """Append a task; it also waits for the previous task of each (gpu, stream) slot it occupies."""
         tid = len(self.duration_s)
         last = self._last
-        if len(slots) == 1 and len(deps) < 2 and not self.symmetric:  # one int where the slot's previous task is
+        if not self.symmetric and len(slots) == 1 and len(deps) < 2:  # one int where the slot's previous task is
             slot = slots[0]  # implied (a symmetric flow is small: it saves the time of looking)
             prev = last.get(slot)
             last[slot] = tid
