@@ -33,8 +33,7 @@ from distsim.sim.flow.estimate import bucket_bound, overlap_shadows
 from distsim.sim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
 from distsim.sim.flow.recompute import recomputed_layers
-from distsim.sim.flow.templates import stage_templates
-from distsim.sim.flow.uniform import cut_before, launch_offsets
+from distsim.sim.flow.templates import cut_before, launch_offsets, stage_templates
 
 
 def build_plan_flow(

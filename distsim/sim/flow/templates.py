@@ -20,7 +20,9 @@ rewrite a layer's backward (activation recomputation, :mod:`distsim.sim.flow.rec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from itertools import accumulate
 
 from distsim.core.models.graph import Block
 from distsim.core.models.ops import AttentionOp, GemmOp, sequence_parallel_ops
@@ -282,3 +284,25 @@ def stage_templates(
         else:
             backward += [op for part in ops for op in part]
     return {"F": [op for li in range(start, end) for part in forward[li] for op in part], "B": backward}
+
+
+def cut_before(ops: Sequence[StageOp], idx: int, cuts: frozenset[int]) -> bool:
+    """Whether a chain ends before op `idx`: the previous op ends a layer that completes a gradient bucket."""
+    return ops[idx - 1].layer in cuts and ops[idx - 1].layer != ops[idx].layer
+
+
+def launch_offsets(ops: Sequence[StageOp], cuts: frozenset[int]) -> tuple[list[float], float]:
+    """When each op's launch ends from the start of the host task that enqueues a template, and that task's
+    length: launches back to back, summed as a one-GPU action's chains sum them (split after the layers in `cuts`:
+    :func:`cut_before`)."""
+    ends: list[float] = []
+    base = 0.0
+    part: list[StageOp] = []
+    for i, op in enumerate(ops):
+        part.append(op)
+        if i + 1 == len(ops) or cut_before(ops, i + 1, cuts):
+            within = list(accumulate(o.launch for o in part))
+            ends += [base + x for x in within]
+            base += within[-1]
+            part = []
+    return ends, base

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import accumulate
 
 from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
@@ -42,7 +41,7 @@ from distsim.sim.flow.events import (
     StageOp,
     resolve_partition,
 )
-from distsim.sim.flow.templates import stage_templates
+from distsim.sim.flow.templates import cut_before, launch_offsets, stage_templates
 
 
 def build_flow(
@@ -592,25 +591,3 @@ class _Builder(CommWriter):
                     inst = pairs[d * self.tp + t]
                     deps = [self.last_dp[g] if g in self.last_dp else flow._last[(g, S_COMPUTE)] for g in inst.gpus]
                     self.allreduce(inst, nbytes, f"tied grads {layer.name}~{layer.tied_to}", i, rb, deps, False)
-
-
-def cut_before(ops: Sequence[StageOp], idx: int, cuts: frozenset[int]) -> bool:
-    """Whether a chain ends before op `idx`: the previous op ends a layer that completes a gradient bucket."""
-    return ops[idx - 1].layer in cuts and ops[idx - 1].layer != ops[idx].layer
-
-
-def launch_offsets(ops: Sequence[StageOp], cuts: frozenset[int]) -> tuple[list[float], float]:
-    """When each op's launch ends from the start of the host task that enqueues a template, and that task's
-    length: launches back to back, summed as the chains of :meth:`_Builder._chains` sum them (split after the
-    layers in `cuts`)."""
-    ends: list[float] = []
-    base = 0.0
-    part: list[StageOp] = []
-    for i, op in enumerate(ops):
-        part.append(op)
-        if i + 1 == len(ops) or cut_before(ops, i + 1, cuts):
-            within = list(accumulate(o.launch for o in part))
-            ends += [base + x for x in within]
-            base += within[-1]
-            part = []
-    return ends, base
