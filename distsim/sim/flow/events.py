@@ -508,13 +508,18 @@ class Chain:
 def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[float]:
     """Estimated forward + backward seconds per layer at the strategy's micro-batch size and tp degree."""
     dtype = model.precision.name
+    known: dict[Any, tuple[float, float]] = {}  # equal blocks of different layers cost the same: once
     out = []
     for layer in model.layers:
         total = 0.0
         for block in layer.blocks:
-            for phase in "FB":
-                ev = ComputeEvent(block, phase, strategy.micro_batch_size, strategy.tp, dtype)
-                total += costs.compute(ev).seconds
+            got = known.get(block)
+            if got is None:
+                f, b = (costs.compute(ComputeEvent(block, phase, strategy.micro_batch_size, strategy.tp, dtype)).seconds
+                        for phase in "FB")  # fmt: skip
+                got = known[block] = (f, b)
+            total += got[0]
+            total += got[1]
         out.append(total)
     return out
 

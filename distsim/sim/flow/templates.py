@@ -246,13 +246,20 @@ class _Blocks:
 
     def core(self, li: int, block: Block) -> StageOp | None:
         """Selective recomputation's op for the block: its attention core's forward, or None."""
-        core = attention_core(block)
-        if core is None:
+        known_key = ("core", id(self.flow.same_block(block)), self.mbs)
+        known = self._events.get(known_key)  # costed once per flow, as event()
+        if known is None:
+            core = attention_core(block)
+            if core is None:
+                known = self._events[known_key] = (None, 0)
+            else:
+                base, _ = self.event(block, "F")
+                derived = ComputeEvent(core, "F", self.mbs, self.tp, self.dtype)
+                cost = share_cost(self.costs, self.flow.cluster.gpu, base, derived)
+                known = self._events[known_key] = (cost, self.flow.intern(derived.key, cost, "compute"))
+        cost, key = known
+        if cost is None:
             return None
-        base, _ = self.event(block, "F")
-        derived = ComputeEvent(core, "F", self.mbs, self.tp, self.dtype)
-        cost = share_cost(self.costs, self.flow.cluster.gpu, base, derived)
-        key = self.flow.intern(derived.key, cost, "compute")
         layer = self.flow.model.layers[li]
         label = layer.name if len(layer.blocks) == 1 else f"{layer.name}.{block.op}"
         return StageOp(K_RECOMPUTE, cost.seconds, key, f"{label} core", li, launch=cost.launch_s)
