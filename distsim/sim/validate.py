@@ -71,8 +71,11 @@ class Comparison:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
 
 
-def compare(predicted: Timeline, measured: Timeline) -> Comparison:
-    pred, meas = block_spans(predicted.expand().df), block_spans(measured.df)
+def compare(predicted: Timeline, measured: Timeline, predicted_spans: pd.DataFrame | None = None) -> Comparison:
+    """The errors of `predicted` against one measured iteration; `predicted_spans`: the predicted timeline's
+    :func:`block_spans` where the caller has them (one prediction compared with several iterations)."""
+    pred = block_spans(predicted.expand().df) if predicted_spans is None else predicted_spans
+    meas = block_spans(measured.df)
     t = metrics.iteration_time(measured)
     both = pred.merge(meas, on=KEY, suffixes=("_p", "_m"))
     both["start_err"] = (both["start_s_p"] - both["start_s_m"]).abs() / t
@@ -166,7 +169,8 @@ def iteration_spread(times_s: Sequence[float]) -> float:
 def validate_timelines(predicted: Timeline, measured: list[Timeline], predicted_s: float | None = None) -> Validation:
     """Compare a predicted timeline with every measured iteration; `predicted_s` overrides the predicted iteration
     time (a stochastic simulation's median)."""
-    comparisons = [compare(predicted, m) for m in measured]
+    spans = block_spans(predicted.expand().df)  # once, not once per measured iteration
+    comparisons = [compare(predicted, m, spans) for m in measured]
     predicted_metrics, measured_metrics = metrics.of_timeline(predicted), [metrics.of_timeline(m) for m in measured]
     times = [m.iteration_time_s for m in measured_metrics]
     predicted_s = predicted_metrics.iteration_time_s if predicted_s is None else predicted_s

@@ -95,7 +95,7 @@ def test_a_shaped_two_node_run_measures_both_scopes_and_removes_its_namespaces(t
     namespaces (named after its pid; other launches on the machine may hold theirs)."""
     out = tmp_path / "shaped.json"
     args = ["profile", "--model", TINY, "--cluster", "cpu-2x1", "--nodes", "2", "--strategy", "1M1P2D",
-            "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "50mbit", "--no-compute",
+            "--emulate-nodes", "2", "--procs-per-node", "2", "--link-bandwidth", "400mbit", "--no-compute",
             "--out", str(out), *FAST]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "distsim", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "DISTSIM_TEST": "1"})  # fmt: skip
@@ -103,7 +103,7 @@ def test_a_shaped_two_node_run_measures_both_scopes_and_removes_its_namespaces(t
     assert proc.returncode == 0, err
     assert "4 ranks on 2 cores" in err or (os.cpu_count() or 1) >= 4  # warned: the ranks share cores
     db = json.loads(out.read_text())
-    assert db["provenance"]["emulation"]["link_bandwidth"] == "50mbit" and db["provenance"]["nodes"] == 2
+    assert db["provenance"]["emulation"]["link_bandwidth"] == "400mbit" and db["provenance"]["nodes"] == 2
     measured = {(m["collective"], m["scope"], m["group_size"]) for m in db["comm"] if m["median_s"] > 0}
     assert {(c, scope, 2) for c in ("all_reduce", "p2p") for scope in ("intra", "inter")} <= measured
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
