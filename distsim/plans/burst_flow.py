@@ -50,9 +50,10 @@ from distsim.plans.burst_classes import burst_classes, every_gpu
 from distsim.plans.plan import Plan, PlanError
 from distsim.plans.redistribution import redistribution, redistribution_cost, scope_of, shards
 from distsim.sim.costs import CommEvent, CostSource
+from distsim.sim.flow.chain import Chain, StageOp
 from distsim.sim.flow.comm import CommWriter, models_host
 from distsim.sim.flow.estimate import overlap_shadows
-from distsim.sim.flow.events import K_P2P, S_COMPUTE, S_P2P, Chain, EventFlow, FlowOptions, StageOp
+from distsim.sim.flow.events import K_P2P, S_COMPUTE, S_P2P, EventFlow, FlowOptions
 from distsim.sim.flow.templates import stage_templates
 
 Layout = tuple[int, ...]

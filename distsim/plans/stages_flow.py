@@ -28,9 +28,10 @@ from distsim.core.schedules import Action, build_schedule
 from distsim.core.sync import SHARDINGS, Bucket, Lowered, lower
 from distsim.plans.plan import Plan, PlanError
 from distsim.sim.costs import CostSource
+from distsim.sim.flow.chain import StageOp
 from distsim.sim.flow.comm import CommWriter, compute_after, models_host, prefetch_gates
 from distsim.sim.flow.estimate import bucket_bound, overlap_shadows
-from distsim.sim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions, StageOp
+from distsim.sim.flow.events import K_TP, S_COMPUTE, EventFlow, FlowOptions
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
 from distsim.sim.flow.recompute import recomputed_layers
 from distsim.sim.flow.templates import cut_before, launch_offsets, stage_templates

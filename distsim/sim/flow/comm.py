@@ -17,6 +17,7 @@ from distsim.core.placement import CommInstance
 from distsim.core.strategy import Strategy
 from distsim.core.sync import SHARDINGS, Bucket, GradUnit, Lowered, SyncContext, SyncSettings, tensor_bytes
 from distsim.sim.costs import AnalyticCosts, CommEvent, ComputeEvent, CostSource, optimizer_key
+from distsim.sim.flow.chain import StageOp
 from distsim.sim.flow.events import (
     K_DP,
     K_LAUNCH,
@@ -32,7 +33,6 @@ from distsim.sim.flow.events import (
     S_P2P,
     EventFlow,
     FlowOptions,
-    StageOp,
 )
 from distsim.sim.network import NetUse
 

@@ -57,12 +57,10 @@ the flow of a stages plan, and :mod:`distsim.sim.flow.comm` places the communica
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, MutableSequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import accumulate
 from typing import Any
 
 from distsim.core.cluster import Cluster
@@ -71,8 +69,9 @@ from distsim.core.partition import balanced_partition, ranges
 from distsim.core.placement import Placement
 from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
-from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource
+from distsim.sim.costs import ComputeEvent, Cost, CostSource
 from distsim.sim.engine import PREV, ChainRelease, Releases, _Prev, expand_releases
+from distsim.sim.flow.chain import Chain
 from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
@@ -407,102 +406,6 @@ class EventFlow:
     @property
     def events_unique(self) -> int:
         return len(self.keys)
-
-
-@dataclass(frozen=True)
-class StageOp:
-    """One step of a stage's forward or backward template."""
-
-    kind: int
-    dur: float
-    key: int
-    name: str
-    layer: int
-    comm: CommEvent | None = None
-    launch: float = 0.0
-    """Host seconds to enqueue the op's kernels (0: launches not modelled)."""
-
-    def scaled(self, speed: float) -> float:
-        """Its duration on a GPU `speed` times slower: compute stretches, a collective does not."""
-        return self.dur if self.comm is not None else self.dur * speed
-
-
-@dataclass(frozen=True)
-class Chain:
-    """A run of a stage template's ops on one GPU, laid out for :meth:`EventFlow.add_chain`."""
-
-    durations: tuple[float, ...]
-    slots: tuple[tuple[tuple[int, int]], ...]
-    """The one (gpu, stream) slot of each op."""
-    kinds: tuple[int, ...]
-    names: tuple[str, ...]
-    layers: tuple[int, ...]
-    keys: tuple[int, ...]
-    links: tuple[tuple[bool, int], ...]
-    """Per op: (it waits for the chain's first dependencies: the first op; the index in the chain of the previous op
-    on its slot, or -1: the slot's last task before it)."""
-    last_on_slot: tuple[tuple[tuple[int, int], int], ...]
-    """(slot, index of the chain's last op on it)."""
-    launch_ends: tuple[float, ...] = ()
-    """Per op: when its launch ends, from the start of the host task that enqueues the chain (cumulative launches)."""
-    launch_constrained: tuple[int, ...] = ()
-    """Ops whose launch can delay them: the first, and each whose launch outlasts the previous op (whose start is no
-    earlier than its own launch end, so it implies the rest)."""
-
-    @cached_property
-    def rel_deps(self) -> tuple[tuple[int, int], ...]:
-        """:attr:`links` as :meth:`EventFlow.add_chain` uses them, per op: (index of the op before it, index of the
-        previous op on its slot if that is another one, else -1); op 0's entry is a placeholder."""
-        return tuple((i - 1, prev if prev != i - 1 else -1) for i, (_, prev) in enumerate(self.links))
-
-    @cached_property
-    def columns(self) -> tuple[array[float], array[int], array[int], array[int]]:
-        """Durations, kinds, layers and keys as the flow's arrays hold them (extending an array by another of its
-        type copies memory; by a tuple it converts each number)."""
-        return array("d", self.durations), array("b", self.kinds), array("i", self.layers), array("i", self.keys)
-
-    @cached_property
-    def prevs(self) -> tuple[_Prev, ...]:
-        """:data:`~distsim.sim.engine.PREV` per op: what :meth:`EventFlow.add_chain` writes before filling in the
-        ops that wait for more (:attr:`slot_lookups`)."""
-        return (PREV,) * len(self.links)
-
-    @cached_property
-    def slot_lookups(self) -> tuple[int, ...]:
-        """Ops that are the first on their slot in the chain (op 0 among them): they wait for the slot's last task."""
-        return tuple(i for i, (_, prev) in enumerate(self.links) if prev < 0)
-
-    @property
-    def launch_s(self) -> float:
-        """Host seconds to enqueue the whole chain."""
-        return self.launch_ends[-1] if self.launch_ends else 0.0
-
-    @classmethod
-    def of(cls, ops: Sequence[StageOp], slots: Sequence[tuple[tuple[int, int]]], speed: float) -> Chain:
-        """Ops with their slots, each the one-slot tuple a builder shares among its tasks on that stream (the
-        per-GPU figures group tasks by it: :func:`distsim.sim.metrics.slot_groups`); compute durations scaled by the
-        GPU's `speed` factor (as :meth:`action` does). The first op waits for the chain's first dependencies, a
-        compute op or a collective (sequence parallelism's all-gather starts a block)."""
-        seen: dict[tuple[int, int], int] = {}
-        links = []
-        for i, (slot,) in enumerate(slots):
-            links.append((i == 0, seen.get(slot, -1)))
-            seen[slot] = i
-        durations = tuple(op.scaled(speed) for op in ops)
-        ends = tuple(accumulate(op.launch for op in ops))
-        constrained = tuple(i for i in range(len(ops)) if i == 0 or durations[i - 1] < ops[i].launch)
-        return cls(
-            durations=durations,
-            slots=tuple(slots),
-            kinds=tuple(op.kind for op in ops),
-            names=tuple(op.name for op in ops),
-            layers=tuple(op.layer for op in ops),
-            keys=tuple(op.key for op in ops),
-            links=tuple(links),
-            last_on_slot=tuple(seen.items()),
-            launch_ends=ends,
-            launch_constrained=constrained,
-        )
 
 
 def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[float]:

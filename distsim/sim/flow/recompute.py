@@ -35,7 +35,8 @@ from typing import Protocol
 from distsim.core.models.graph import Block, Layer, Model
 from distsim.core.models.ops import AttentionOp
 from distsim.core.strategy import Strategy
-from distsim.sim.flow.events import K_FWD, K_RECOMPUTE, StageOp
+from distsim.sim.flow.chain import StageOp
+from distsim.sim.flow.events import K_FWD, K_RECOMPUTE
 
 ATTENTION_BLOCKS = frozenset({"attention", "cross_attention"})
 """Block operators that are attention (Megatron's self- and cross-attention), with or without listed kernels."""

@@ -28,7 +28,8 @@ from distsim.core.models.graph import Block
 from distsim.core.models.ops import AttentionOp, GemmOp, sequence_parallel_ops
 from distsim.core.placement import CommInstance
 from distsim.sim.costs import CommEvent, ComputeEvent, Cost, CostSource, framework_of, share_cost
-from distsim.sim.flow.events import K_BWD, K_CP, K_EP, K_FWD, K_RECOMPUTE, K_TP, EventFlow, StageOp
+from distsim.sim.flow.chain import StageOp
+from distsim.sim.flow.events import K_BWD, K_CP, K_EP, K_FWD, K_RECOMPUTE, K_TP, EventFlow
 from distsim.sim.flow.recompute import MODES, LayerOps, attention_core, recomputed_layers
 from distsim.sim.kernels import block_s, op_s
 

@@ -28,19 +28,9 @@ from distsim.core.sync import (
     lower,
 )
 from distsim.sim.costs import CostSource, framework_of
+from distsim.sim.flow.chain import Chain, StageOp
 from distsim.sim.flow.comm import CommWriter, P2PPlan, compute_after, gather_name, prefetch_gates
-from distsim.sim.flow.events import (
-    K_CP,
-    K_EP,
-    K_TP,
-    S_COMPUTE,
-    S_TP,
-    Chain,
-    EventFlow,
-    FlowOptions,
-    StageOp,
-    resolve_partition,
-)
+from distsim.sim.flow.events import K_CP, K_EP, K_TP, S_COMPUTE, S_TP, EventFlow, FlowOptions, resolve_partition
 from distsim.sim.flow.templates import cut_before, launch_offsets, stage_templates
 
 
