@@ -72,3 +72,36 @@ def test_a_ranks_bucket_bound_is_answered_once_per_question_inside_a_search() ->
     assert first == plain and again is first and other == plain_larger
     assert sum(key[0] == "buckets" for key in memo) == 2
     assert bucket_bound(model, strategy, held) is not first  # outside the block: computed again
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        ("2M4P2D", {}),
+        ("1M4P4D", {"p2p_blocking": True}),
+        ("2M2P4D", {"link_sharing": "serialize"}),
+        ("2M2P4D", {"host": False}),
+        ("2M2P4D", {"exact_host": True}),
+    ],
+)
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_an_action_block_adds_the_tasks_its_host_chain_and_transfer_add_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, strategy: str, options: dict, schedule: str
+) -> None:
+    """EventFlow.add_action against the host task, chain and transfer it stands for, added one by one: the same
+    tasks, columns, dependencies, releases and members (gradient buckets issued inside a backward: ddp)."""
+    from distsim.sim.flow import uniform
+
+    model, cluster = get_model("gpt2-345m"), get_cluster("distsim-testbed")
+    s = Strategy.from_str(strategy, num_micro_batches=4, schedule=schedule, grad_sync="ddp", bucket_cap_mb=5.0,
+                          **({"virtual_stages": 2} if schedule == "interleaved" else {}))  # fmt: skip
+    costs = AnalyticCosts(cluster)
+    blocks = build_flow(model, cluster, s, costs, FlowOptions(**options))
+    plan = uniform._Builder._one_gpu_plan
+    monkeypatch.setattr(uniform._Builder, "_one_gpu_plan", lambda self, *a: (*plan(self, *a)[:4], None))
+    one_by_one = build_flow(model, cluster, s, costs, FlowOptions(**options))
+    assert blocks.symmetric and len(blocks) == len(one_by_one) and blocks._keep  # blocks were used
+    for column in ("duration_s", "slots", "kind", "name", "layer", "stage", "microbatch", "key", "slot_code"):
+        assert list(getattr(blocks, column)) == list(getattr(one_by_one, column)), column
+    assert blocks.deps == one_by_one.deps and blocks.releases == one_by_one.releases
+    assert blocks.members == one_by_one.members

@@ -107,3 +107,54 @@ class Chain:
             launch_ends=ends,
             launch_constrained=constrained,
         )
+
+
+Slots = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class ActionBlock:
+    """A schedule action's tasks on one GPU as :meth:`EventFlow.add_action` appends them at once, the same for every
+    micro-batch of a stage and op: the host task that enqueues its kernels (optional), the stage template's
+    :class:`Chain`, and after the chain's last op what waits for it alone: the transfer of its result and the shadow
+    that transfer casts on the compute stream (each optional). Its columns are laid out once."""
+
+    chain: Chain
+    host: tuple[float, Slots] | None
+    """(seconds to launch the chain's kernels, the host stream's slots); None: launches not modelled."""
+    after: tuple[tuple[float, Slots, int, int, str], ...]
+    """(duration, slots, kind, event key, name) of each task after the chain, in order."""
+    members: tuple[int, ...] | None
+    """The GPUs of the transfer (the first task after the chain); None: no transfer."""
+    durations: tuple[float, ...]
+    slots: tuple[Slots, ...]
+    kinds: bytes
+    names: tuple[str, ...]
+    """Every task's name but the host task's (which names its micro-batch)."""
+    layers: tuple[int, ...]
+    keys: tuple[int, ...]
+
+    @classmethod
+    def of(cls, chain: Chain, host: tuple[float, Slots] | None, after: Sequence[tuple[float, Slots, int, int, str]],
+           members: tuple[int, ...] | None, host_kind: int) -> ActionBlock:  # fmt: skip
+        head = [(host[0], host[1], host_kind, -1)] if host is not None else []
+        rows = [*head, *zip(chain.durations, chain.slots, chain.kinds, chain.keys, strict=True),
+                *((d, s, k, key) for d, s, k, key, _ in after)]  # fmt: skip
+        return cls(
+            chain=chain,
+            host=host,
+            after=tuple(after),
+            members=members,
+            durations=tuple(r[0] for r in rows),
+            slots=tuple(r[1] for r in rows),
+            kinds=bytes(r[2] for r in rows),
+            names=(*chain.names, *(name for *_, name in after)),
+            layers=(*([-1] * len(head)), *chain.layers, *([-1] * len(after))),
+            keys=tuple(r[3] for r in rows),
+        )
+
+    @cached_property
+    def prevs(self) -> tuple[_Prev, ...]:
+        """:data:`~distsim.sim.engine.PREV` per task, what :meth:`EventFlow.add_action` writes before filling in
+        those that wait for more."""
+        return (PREV,) * len(self.durations)

@@ -14,8 +14,8 @@ from distsim.sim.flow.comm import models_host
 from distsim.sim.flow.events import FlowOptions, memoised, resolve_partition
 from distsim.sim.flow.recompute import MODES as RECOMPUTE
 from distsim.sim.flow.recompute import eligible_layers, has_attention, recomputed_layers
+from distsim.sim.flow.symmetry import resolve_placement
 from distsim.sim.flow.templates import collective_count
-from distsim.sim.flow.uniform import resolve_placement
 
 
 def overlap_shadows(costs: CostSource) -> int:

@@ -71,7 +71,7 @@ from distsim.core.schedules import Schedule
 from distsim.core.strategy import Strategy
 from distsim.sim.costs import ComputeEvent, Cost, CostSource
 from distsim.sim.engine import PREV, ChainRelease, Releases, _Prev, expand_releases
-from distsim.sim.flow.chain import Chain
+from distsim.sim.flow.chain import ActionBlock, Chain
 from distsim.sim.network import NetUse
 
 STREAMS = ("compute", "tp", "p2p", "dp", "link:intra", "link:inter", "host", "gather")
@@ -185,7 +185,8 @@ class EventFlow:
     _codes: dict[int, int] = field(default_factory=dict, repr=False)
     """id of a :attr:`slots` tuple (kept alive by the column) -> its :attr:`slot_code`."""
     _chain_codes: dict[int, array[int]] = field(default_factory=dict, repr=False)
-    """id of a chain added (kept alive by :attr:`_runs`) -> the slot codes of its ops."""
+    """id of a chain (kept alive by :attr:`_runs`) or action block (by :attr:`_keep`) added -> its slot codes."""
+    _keep: list[Any] = field(default_factory=list, repr=False)
     _key_index: dict[str, int] = field(default_factory=dict, repr=False)
     _singles: bool = field(default=False, repr=False)
     """Whether :attr:`_deps` holds an int (:meth:`_expand_singles`)."""
@@ -395,6 +396,67 @@ class EventFlow:
         self.microbatch.extend(mbs)
         self.key.extend(keys)
         return tid0 + n - 1
+
+    def add_action(self, block: ActionBlock, first_deps: list[int], host_deps: list[int], stage: int, mb: int,
+                   host_name: str, exact: bool = False) -> tuple[int, int]:  # fmt: skip
+        """Append a symmetric flow's action on one GPU at once: exactly the tasks and dependency lists that
+        :meth:`add` of its host task (waiting for `host_deps`), :meth:`add_chain` of its chain (its first op waiting
+        for `first_deps`, released by the host task) and :meth:`add` of each task after the chain (waiting for the
+        chain's last op) would give, in a fraction of the time. Returns (the chain's last task, the transfer's task
+        or -1)."""
+        assert self.symmetric  # a full flow compacts single dependencies (add)
+        tid0 = t = len(self.duration_s)
+        deps, last, chain = self._deps, self._last, block.chain
+        deps.extend(block.prevs)
+        if block.host is not None:
+            waits = list(host_deps)
+            for slot in block.host[1]:
+                prev = last.get(slot)
+                if prev is not None and prev not in waits:
+                    waits.append(prev)
+                last[slot] = t
+            deps[t] = waits
+            indices = chain.launch_constrained if not exact else range(len(chain.links))
+            self._releases[t] = [ChainRelease(t + 1, 0.0, indices, chain.launch_ends)]
+            self.name.append(host_name)
+            t += 1
+        for i in chain.slot_lookups:  # as add_chain
+            new = list(first_deps) if i == 0 else [t + i - 1]
+            q = last.get(chain.slots[i][0])
+            if q is not None and q not in new:
+                new.append(q)
+            deps[t + i] = new
+        self._runs.append((t, chain))
+        for slot, i in chain.last_on_slot:
+            last[slot] = t + i
+        end = t + len(chain.links) - 1
+        t = end + 1
+        for _dur, slots, *_ in block.after:
+            waits = [end]
+            for slot in slots:
+                prev = last.get(slot)
+                if prev is not None and prev not in waits:
+                    waits.append(prev)
+                last[slot] = t
+            deps[t] = waits
+            t += 1
+        if block.members is not None:
+            self.members[end + 1] = block.members
+        codes = self._chain_codes.get(id(block))
+        if codes is None:
+            codes = self._chain_codes[id(block)] = array("i", [self._code(x) for x in block.slots])
+            self._keep.append(block)  # its id stays its own while the flow lives
+        n = t - tid0
+        self.duration_s.extend(block.durations)
+        self.slots.extend(block.slots)
+        self.slot_code.extend(codes)
+        self.kind.extend(block.kinds)
+        self.name.extend(block.names)
+        self.layer.extend(block.layers)
+        self.stage.extend([stage] * n)
+        self.microbatch.extend([mb] * n)
+        self.key.extend(block.keys)
+        return end, end + 1 if block.members is not None else -1
 
     @property
     def events_total(self) -> int:

@@ -17,9 +17,9 @@ from distsim.core.cluster import Cluster
 from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.partition import rank_layers
-from distsim.core.placement import CommInstance, Placement, parse_order
+from distsim.core.placement import CommInstance
 from distsim.core.schedules import Action, build_schedule
-from distsim.core.strategy import Strategy, check_strategy
+from distsim.core.strategy import Strategy
 from distsim.core.sync import (
     MODES,
     Bucket,
@@ -28,9 +28,23 @@ from distsim.core.sync import (
     lower,
 )
 from distsim.sim.costs import CostSource, framework_of
-from distsim.sim.flow.chain import Chain, StageOp
+from distsim.sim.flow.chain import ActionBlock, Chain, StageOp
 from distsim.sim.flow.comm import CommWriter, P2PPlan, compute_after, gather_name, prefetch_gates
-from distsim.sim.flow.events import K_CP, K_EP, K_TP, S_COMPUTE, S_TP, EventFlow, FlowOptions, resolve_partition
+from distsim.sim.flow.events import (
+    K_CP,
+    K_EP,
+    K_LAUNCH,
+    K_P2P,
+    K_SHADOW,
+    K_TP,
+    S_COMPUTE,
+    S_HOST,
+    S_TP,
+    EventFlow,
+    FlowOptions,
+    resolve_partition,
+)
+from distsim.sim.flow.symmetry import resolve_placement
 from distsim.sim.flow.templates import cut_before, launch_offsets, stage_templates
 
 
@@ -57,35 +71,8 @@ def build_flow(
     return flow
 
 
-def resolve_placement(
-    model: Model, cluster: Cluster, strategy: Strategy, options: FlowOptions, costs: CostSource
-) -> tuple[Placement, bool]:
-    """The strategy checked against model and cluster, its placement, and whether one GPU per rank is simulated."""
-    check_strategy(strategy, model, cluster)
-    placement = Placement(strategy, cluster, parse_order(options.rank_order))
-    symmetric = placement.symmetric  # decided once per shape (and stragglers): see Placement.symmetric
-    if symmetric and options.link_sharing == "fair":  # one instance per pattern stands for the NIC load of all
-        symmetric = placement.shares_evenly(_tied_pairs(model, strategy, costs))
-    if options.symmetric is True and not symmetric:
-        from distsim.core.errors import StrategyError
-
-        raise StrategyError("symmetric simulation was required but replicas or tp peers differ on this cluster")
-    return placement, symmetric and options.symmetric is not False
-
-
-def _tied_pairs(model: Model, strategy: Strategy, costs: CostSource) -> list[tuple[int, int]]:
-    """(pipeline rank of a tied layer's original, rank of its copy) for the tied layers on different ranks (whose
-    gradients :meth:`_Builder.tied_allreduce` all-reduces)."""
-    if strategy.pp == 1 or not any(layer.tied_to is not None for layer in model.layers):
-        return []
-    stage_ranges = resolve_partition(model, strategy, costs)
-    rank_of = {i: r for r in range(strategy.pp) for i in rank_layers(stage_ranges, strategy.pp, r)}
-    return sorted({(rank_of[model.index[layer.tied_to]], rank_of[i]) for i, layer in enumerate(model.layers)
-                   if layer.tied_to is not None} - {(r, r) for r in range(strategy.pp)})  # fmt: skip
-
-
-OneGpuPlan = tuple[int, list[tuple[Chain, int | None]], float, tuple[int, P2PPlan] | None]
-"""(GPU, chains, host seconds to launch them, transfer after them) of an action on one GPU
+OneGpuPlan = tuple[int, list[tuple[Chain, int | None]], float, tuple[int, P2PPlan] | None, ActionBlock | None]
+"""(GPU, chains, host seconds to launch them, transfer after them, all of it as one block) of an action on one GPU
 (:meth:`_Builder._one_gpu_plan`)."""
 
 MODEL_PARALLEL = (K_TP, K_EP, K_CP)
@@ -404,7 +391,7 @@ class _Builder(CommWriter):
         plan = self.one_gpu.get((stage, op, cuts))
         if plan is None:
             plan = self.one_gpu[(stage, op, cuts)] = self._one_gpu_plan(r, a, cuts)
-        g, chains, launch_s, send = plan
+        g, chains, launch_s, send, block = plan
         d, t = self.lanes_d[0], self.lanes_t[0]
         if op == "F":
             frontier = [self.incoming.pop((stage, "F", mb, d, t))] if stage > 0 else []
@@ -412,6 +399,14 @@ class _Builder(CommWriter):
             frontier = [self.incoming.pop((stage, "B", mb, d, t))]
         else:
             frontier = []
+        if block is not None:  # the whole action at once (the same tasks as below)
+            end, transfer = self.flow.add_action(block, frontier + self._loss(a, d, t), frontier, stage, mb,
+                                                 f"launch {stage}{op}{mb}", self.options.exact_host)  # fmt: skip
+            if send is not None:
+                self.incoming[(send[0], op, mb, d, t)] = transfer
+            elif op == "F":  # the last stage's forward: its end, for the backward of the same micro-batch
+                self.loss[(stage, mb, d, t)] = end
+            return
         host, offset = None, 0.0
         if self.host:  # the host waits for the received data, then enqueues the action's kernels
             host = self.launch(g, launch_s, list(frontier), stage, mb, f"launch {stage}{op}{mb}")
@@ -440,12 +435,25 @@ class _Builder(CommWriter):
 
     def _one_gpu_plan(self, r: int, a: Action, cuts: frozenset[int]) -> OneGpuPlan:
         """What :meth:`_action_on_one_gpu` emits for any micro-batch of `a`'s stage and op: the GPU, the template's
-        chains and the host seconds to launch them, and the transfer after them (destination stage and
-        :class:`~distsim.sim.flow.comm.P2PPlan`; None: no transfer)."""
+        chains and the host seconds to launch them, the transfer after them (destination stage and
+        :class:`~distsim.sim.flow.comm.P2PPlan`; None: no transfer), and in a symmetric flow whose action is one
+        chain (no gradient bucket issued inside it) and whose transfers are not network tasks (fair sharing), the
+        :class:`~distsim.sim.flow.chain.ActionBlock` that emits it all at once (else None)."""
         d, t = self.lanes_d[0], self.lanes_t[0]
         g = int(self.grid[r, d, t])
         chains, launch_s = self._chains(a.stage, d, a.op, g, cuts)
-        return g, chains, launch_s, self._p2p_after(r, a, d, t)
+        send = self._p2p_after(r, a, d, t)
+        block = None
+        if self.flow.symmetric and not self.fair and len(chains) == 1 and chains[0][1] is None:
+            after: list[tuple[float, tuple[tuple[int, int], ...], int, int, str]] = []
+            if send is not None:
+                p2p = send[1]
+                after.append((p2p.dur, p2p.slots, K_P2P, p2p.key, p2p.name))
+                if p2p.shadow_slots is not None:
+                    after.append((p2p.shadow, p2p.shadow_slots, K_SHADOW, p2p.key, "overlapped communication"))
+            host = (launch_s, self.slot(g, S_HOST)) if self.host else None
+            block = ActionBlock.of(chains[0][0], host, after, send[1].inst.gpus if send else None, K_LAUNCH)
+        return g, chains, launch_s, send, block
 
     def _chains(self, vs: int, d: int, op: str, g: int,
                 cuts: frozenset[int]) -> tuple[list[tuple[Chain, int | None]], float]:  # fmt: skip
