@@ -62,11 +62,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from distsim.core.errors import DistsimError
 from distsim.core.models.graph import Model
 from distsim.core.models.ops import AttentionOp
 from distsim.core.partition import rank_layers
-from distsim.core.schedules import Action, Schedule
+from distsim.core.schedules import Action, Schedule, build_schedule
 from distsim.core.strategy import Strategy
+from distsim.sim.flow.events import memoised
 from distsim.sim.flow.recompute import eligible_layers
 from distsim.sim.flow.recompute import recomputed_layers as flow_recomputed
 
@@ -285,8 +287,34 @@ def estimate_memory(
     """One estimate per pipeline rank, under the strategy's recomputation, sequence parallelism and sharding.
 
     `stage_samples` gives the samples of a micro-batch each (virtual) stage's busiest replica processes when they
-    differ from the strategy's micro-batch size (a plan whose stages split micro-batches over replicas).
+    differ from the strategy's micro-batch size (a plan whose stages split micro-batches over replicas). A strategy's
+    own schedule is estimated once per search (:func:`~distsim.sim.flow.events.shared_partitions`: a grid checks a
+    configuration's memory, then simulates it, which estimates it again).
     """
+    if stage_samples is None and _own_schedule(strategy, schedule):
+        question = (strategy, stage_ranges, capacity_bytes)
+        estimate = lambda: _estimate_memory(model, strategy, schedule, stage_ranges, capacity_bytes)  # noqa: E731
+        return list(memoised("memory", model, None, question, estimate))
+    return _estimate_memory(model, strategy, schedule, stage_ranges, capacity_bytes, stage_samples)
+
+
+def _own_schedule(strategy: Strategy, schedule: Schedule) -> bool:
+    """Whether `schedule` is the one :func:`~distsim.core.schedules.build_schedule` gives `strategy` (the same object:
+    schedules are cached)."""
+    try:
+        return schedule is build_schedule(strategy)
+    except DistsimError:
+        return False
+
+
+def _estimate_memory(
+    model: Model,
+    strategy: Strategy,
+    schedule: Schedule,
+    stage_ranges: tuple[tuple[int, int], ...],
+    capacity_bytes: float,
+    stage_samples: list[int] | None = None,
+) -> list[MemoryEstimate]:
     p, tp, sp = model.precision, strategy.tp, strategy.sequence_parallel
     samples = stage_samples or [strategy.micro_batch_size] * len(stage_ranges)
     recomputed = recomputed_layers(model, strategy, stage_ranges)

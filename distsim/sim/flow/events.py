@@ -179,7 +179,8 @@ class EventFlow:
     costed: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     """The stage templates' events costed so far (:mod:`distsim.sim.flow.templates`), shared by the flow's stages."""
     _same: dict[int, Any] = field(default_factory=dict, repr=False)
-    """id of a model's block -> the first block equal to it (:meth:`same_block`)."""
+    """id of a model's block -> the first block equal to it (:meth:`same_block`); shared by the flows of one model
+    inside :func:`shared_partitions` (a search)."""
     _blocks: dict[Any, Any] = field(default_factory=dict, repr=False)
     _last: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _codes: dict[int, int] = field(default_factory=dict, repr=False)
@@ -196,6 +197,7 @@ class EventFlow:
                                                                                                repr=False)  # fmt: skip
 
     def __post_init__(self) -> None:
+        self._same, self._blocks = memoised("same blocks", self.model, None, (), lambda: ({}, {}))
         if not self.symmetric and not self.duration_s:  # see duration_s
             self.duration_s, self.kind = array("d"), array("b")
             self.layer, self.stage, self.microbatch, self.key = array("i"), array("i"), array("i"), array("i")
@@ -489,9 +491,9 @@ def layer_weights(model: Model, strategy: Strategy, costs: CostSource) -> list[f
     return out
 
 
-PartitionMemo = dict[tuple[Any, ...], tuple[Model, "CostSource | None", Any]]
-"""What :func:`memoised` answered, by (what, id(model), id(costs), the rest of the question), each entry with its
-model and costs (partitions: the strategy's partition, micro-batch size, tp and stages)."""
+PartitionMemo = dict[str, dict[tuple[Any, ...], tuple[Model, "CostSource | None", Any]]]
+"""What :func:`memoised` answered: per kind of question, by (id(model), id(costs), the rest of the question), each
+entry with its model and costs (partitions: the strategy's partition, micro-batch size, tp and stages)."""
 _MEMO_ENTRIES = 256
 _PARTITIONS: ContextVar[PartitionMemo | None] = ContextVar("distsim_partitions", default=None)
 
@@ -524,14 +526,17 @@ def memoised(what: str, model: Model, costs: CostSource | None, question: tuple[
     memo = _PARTITIONS.get()
     if memo is None:
         return answer()
-    key = (what, id(model), id(costs), *question)
-    hit = memo.get(key)
+    table = memo.get(what)
+    if table is None:
+        table = memo[what] = {}
+    key = (id(model), id(costs), *question)
+    hit = table.get(key)
     if hit is not None and hit[0] is model and hit[1] is costs:
         return hit[2]
     got = answer()
-    if len(memo) >= _MEMO_ENTRIES:  # models made per configuration (rank_view under ep or cp) would pile up
-        memo.clear()
-    memo[key] = (model, costs, got)
+    if len(table) >= _MEMO_ENTRIES:  # models made per configuration (rank_view under ep or cp) would pile up
+        table.clear()  # each kind on its own: a search asks one memory question per configuration
+    table[key] = (model, costs, got)
     return got
 
 
