@@ -363,21 +363,8 @@ class EventFlow:
             if type(got) is not list:  # none yet, or pairs (kept in their order)
                 got = self._releases[host_task] = list(got or ())
             got.append(ChainRelease(tid0, base, indices, chain.launch_ends))
-        last = self._last
-        # op i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one,
-        # so ended by then: PREV, which deps expands); the first op on a slot in the chain (op 0 among them) also for
-        # the slot's last task before it
-        deps = self._deps
-        deps.extend(chain.prevs)
-        for i in chain.slot_lookups:
-            new = list(first_deps) if i == 0 else [tid0 + i - 1]
-            q = last.get(chain.slots[i][0])
-            if q is not None and q not in new:
-                new.append(q)
-            deps[tid0 + i] = new
-        self._runs.append((tid0, chain))
-        for slot, i in chain.last_on_slot:
-            last[slot] = tid0 + i
+        self._deps.extend(chain.prevs)
+        self._link_chain(chain, tid0, first_deps)
         n = len(chain.links)
         if type(self.duration_s) is list:
             durations, kinds, layers, keys = chain.durations, chain.kinds, chain.layers, chain.keys
@@ -398,6 +385,22 @@ class EventFlow:
         self.microbatch.extend(mbs)
         self.key.extend(keys)
         return tid0 + n - 1
+
+    def _link_chain(self, chain: Chain, tid0: int, first_deps: list[int]) -> None:
+        """The dependencies of a chain's ops from task `tid0` on, written as :data:`~distsim.sim.engine.PREV`: op
+        i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one, so
+        ended by then: PREV, which deps expands); the first op on a slot in the chain (op 0 among them) also for the
+        slot's last task before it, and op 0 for `first_deps`. Then the chain's ops are their slots' last tasks."""
+        deps, last = self._deps, self._last
+        for i in chain.slot_lookups:
+            new = list(first_deps) if i == 0 else [tid0 + i - 1]
+            q = last.get(chain.slots[i][0])
+            if q is not None and q not in new:
+                new.append(q)
+            deps[tid0 + i] = new
+        self._runs.append((tid0, chain))
+        for slot, i in chain.last_on_slot:
+            last[slot] = tid0 + i
 
     def add_action(self, block: ActionBlock, first_deps: list[int], host_deps: list[int], stage: int, mb: int,
                    host_name: str, exact: bool = False) -> tuple[int, int]:  # fmt: skip
@@ -422,15 +425,7 @@ class EventFlow:
             self._releases[t] = [ChainRelease(t + 1, 0.0, indices, chain.launch_ends)]
             self.name.append(host_name)
             t += 1
-        for i in chain.slot_lookups:  # as add_chain
-            new = list(first_deps) if i == 0 else [t + i - 1]
-            q = last.get(chain.slots[i][0])
-            if q is not None and q not in new:
-                new.append(q)
-            deps[t + i] = new
-        self._runs.append((t, chain))
-        for slot, i in chain.last_on_slot:
-            last[slot] = t + i
+        self._link_chain(chain, t, first_deps)
         end = t + len(chain.links) - 1
         t = end + 1
         for _dur, slots, *_ in block.after:
