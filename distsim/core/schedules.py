@@ -63,6 +63,14 @@ class Schedule:
         """:func:`unit_steps` of this schedule, computed once (flow builders walk actions in this order)."""
         return unit_steps(self)
 
+    @cached_property
+    def in_unit_time(self) -> tuple[tuple[int, Action], ...]:
+        """(rank, action) of every action in unit-time order (:attr:`steps`; at equal steps by rank, then position):
+        the order flow builders emit them in, computed once per schedule (schedules are cached and shared)."""
+        steps = self.steps
+        order = sorted((steps[r][i], r, i) for r, acts in enumerate(self.ranks) for i in range(len(acts)))
+        return tuple((r, self.ranks[r][i]) for _, r, i in order)
+
     def __str__(self) -> str:
         return "\n".join(f"rank {r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.ranks))
 

@@ -159,11 +159,8 @@ class _PlanBuilder(CommWriter):
         return out
 
     def run(self) -> None:
-        sched = self.flow.schedule
-        steps = sched.steps
-        order = sorted((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts)))
-        for _, r, i in order:
-            self.action(sched.ranks[r][i])
+        for _, a in self.flow.schedule.in_unit_time:
+            self.action(a)
         self.finish()
 
     def action(self, a: Action) -> None:

@@ -209,13 +209,8 @@ class _Builder(CommWriter):
             self.network_task(tid, inst, op.comm, op.dur)
 
     def run(self) -> None:
-        sched = self.flow.schedule
-        steps = sched.steps
-        order = sorted(
-            ((steps[r][i], r, i) for r, acts in enumerate(sched.ranks) for i in range(len(acts))),
-        )
-        for _, r, i in order:
-            self.action(r, sched.ranks[r][i])
+        for r, a in self.flow.schedule.in_unit_time:
+            self.action(r, a)
         self.finish()
 
     # ------------------------------------------------------------------------------------------------ pipeline
