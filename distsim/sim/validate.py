@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -54,6 +55,9 @@ def block_spans(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=[*KEY, "start_s", "end_s"])
 
 
+ACTION = ["gpu", "stage", "kind", "microbatch"]
+
+
 @dataclass
 class Comparison:
     """Errors of one prediction against one measured iteration."""
@@ -61,14 +65,36 @@ class Comparison:
     predicted_s: float
     measured_s: float
     per_gpu: dict[int, float]
-    per_stage: pd.DataFrame
-    """stage, kind, microbatch, start_error, end_error (relative to the measured iteration)."""
+    matches: pd.DataFrame
+    """The matched block spans: :data:`KEY`, then predicted and measured start and end (``start_s_p``,
+    ``start_s_m``, ``end_s_p``, ``end_s_m``)."""
     matched: int
     unmatched: int
 
     @property
     def batch_error(self) -> float:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+    @cached_property
+    def per_stage(self) -> pd.DataFrame:
+        """gpu, stage, kind, microbatch, start_error, end_error (relative to the measured iteration)."""
+        return action_errors(action_spans(self.matches), self.measured_s)[[*ACTION, "start_error", "end_error"]]
+
+
+def action_spans(matches: pd.DataFrame, by: list[str] = ACTION) -> pd.DataFrame:
+    """Each action's (`by`) first start and last end, predicted and measured (`start_p`, `start_m`, `end_p`,
+    `end_m`), one row each, `by` as columns."""
+    return matches.groupby(by, as_index=False).agg(
+        start_p=("start_s_p", "min"), start_m=("start_s_m", "min"), end_p=("end_s_p", "max"), end_m=("end_s_m", "max")
+    )
+
+
+def action_errors(actions: pd.DataFrame, measured_s: float | np.ndarray) -> pd.DataFrame:
+    """`actions` (:func:`action_spans`) with the errors of their start and end relative to `measured_s` (one
+    iteration's time, or each row's)."""
+    actions["start_error"] = (actions["start_p"] - actions["start_m"]).abs() / measured_s
+    actions["end_error"] = (actions["end_p"] - actions["end_m"]).abs() / measured_s
+    return actions
 
 
 def compare(predicted: Timeline, measured: Timeline, predicted_spans: pd.DataFrame | None = None) -> Comparison:
@@ -82,14 +108,9 @@ def compare(predicted: Timeline, measured: Timeline, predicted_spans: pd.DataFra
     both["end_err"] = (both["end_s_p"] - both["end_s_m"]).abs() / t
     both["err"] = (both["start_err"] + both["end_err"]) / 2
     per_gpu = {int(g): float(v) for g, v in both.groupby("gpu")["err"].mean().items()}
-    actions = both.groupby(["gpu", "stage", "kind", "microbatch"]).agg(
-        start_p=("start_s_p", "min"), start_m=("start_s_m", "min"), end_p=("end_s_p", "max"), end_m=("end_s_m", "max")
-    )
-    actions["start_error"] = (actions["start_p"] - actions["start_m"]).abs() / t
-    actions["end_error"] = (actions["end_p"] - actions["end_m"]).abs() / t
-    per_stage = actions.reset_index()[["gpu", "stage", "kind", "microbatch", "start_error", "end_error"]]
     unmatched = len(pred) + len(meas) - 2 * len(both)
-    return Comparison(metrics.iteration_time(predicted), t, per_gpu, per_stage, len(both), unmatched)
+    matches = both[[*KEY, "start_s_p", "start_s_m", "end_s_p", "end_s_m"]]
+    return Comparison(metrics.iteration_time(predicted), t, per_gpu, matches, len(both), unmatched)
 
 
 @dataclass
@@ -125,13 +146,17 @@ class Validation:
     def max_gpu_error(self) -> float:
         return max(self.per_gpu_error.values(), default=0.0)
 
-    @property
+    @cached_property
     def per_stage(self) -> pd.DataFrame:
-        """Median over iterations of each action's start and end errors."""
-        all_rows = pd.concat([c.per_stage for c in self.comparisons])
-        return all_rows.groupby(["gpu", "stage", "kind", "microbatch"], as_index=False)[
-            ["start_error", "end_error"]
-        ].median()
+        """Median over iterations of each action's start and end errors (the actions of every iteration grouped at
+        once: the same errors as each :attr:`Comparison.per_stage`)."""
+        if not self.comparisons:
+            return pd.DataFrame(columns=[*ACTION, "start_error", "end_error"])
+        matches = pd.concat([c.matches.assign(iteration=i) for i, c in enumerate(self.comparisons)])
+        actions = action_spans(matches, ["iteration", *ACTION])
+        measured = np.array([c.measured_s for c in self.comparisons])
+        actions = action_errors(actions, measured[actions["iteration"].to_numpy()])
+        return actions.groupby(ACTION, as_index=False)[["start_error", "end_error"]].median()
 
     @property
     def stage_error_median(self) -> float:
