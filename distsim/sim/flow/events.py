@@ -313,12 +313,7 @@ class EventFlow:
                 self._singles = True
             self._deps.append(compact)
         else:
-            for slot in slots:
-                prev = last.get(slot)
-                if prev is not None and prev not in deps:
-                    deps.append(prev)
-                last[slot] = tid
-            self._deps.append(deps)
+            self._deps.append(self._after_slots(deps, slots, tid))
         self.duration_s.append(dur)
         self.slots.append(slots)
         code = self._codes.get(id(slots))
@@ -386,6 +381,17 @@ class EventFlow:
         self.key.extend(keys)
         return tid0 + n - 1
 
+    def _after_slots(self, waits: list[int], slots: tuple[tuple[int, int], ...], tid: int) -> list[int]:
+        """`waits` with the previous task of each slot of task `tid` added where missing (a stream serves its tasks
+        in order); `tid` is then its slots' last task."""
+        last = self._last
+        for slot in slots:
+            prev = last.get(slot)
+            if prev is not None and prev not in waits:
+                waits.append(prev)
+            last[slot] = tid
+        return waits
+
     def _link_chain(self, chain: Chain, tid0: int, first_deps: list[int]) -> None:
         """The dependencies of a chain's ops from task `tid0` on, written as :data:`~distsim.sim.engine.PREV`: op
         i > 0 waits for op i - 1 and, on a slot met before in the chain, the previous op there (an earlier one, so
@@ -411,16 +417,10 @@ class EventFlow:
         or -1)."""
         assert self.symmetric  # a full flow compacts single dependencies (add)
         tid0 = t = len(self.duration_s)
-        deps, last, chain = self._deps, self._last, block.chain
+        deps, chain = self._deps, block.chain
         deps.extend(block.prevs)
         if block.host is not None:
-            waits = list(host_deps)
-            for slot in block.host[1]:
-                prev = last.get(slot)
-                if prev is not None and prev not in waits:
-                    waits.append(prev)
-                last[slot] = t
-            deps[t] = waits
+            deps[t] = self._after_slots(list(host_deps), block.host[1], t)
             indices = chain.launch_constrained if not exact else range(len(chain.links))
             self._releases[t] = [ChainRelease(t + 1, 0.0, indices, chain.launch_ends)]
             self.name.append(host_name)
@@ -429,13 +429,7 @@ class EventFlow:
         end = t + len(chain.links) - 1
         t = end + 1
         for _dur, slots, *_ in block.after:
-            waits = [end]
-            for slot in slots:
-                prev = last.get(slot)
-                if prev is not None and prev not in waits:
-                    waits.append(prev)
-                last[slot] = t
-            deps[t] = waits
+            deps[t] = self._after_slots([end], slots, t)
             t += 1
         if block.members is not None:
             self.members[end + 1] = block.members
